@@ -1,0 +1,1 @@
+"""``edgeinfer bench``: latency percentiles, cold start, throughput and memory, side by side."""

@@ -1,0 +1,72 @@
+"""Benchmark output: a table for people, JSON for machines, a plot for reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+from edgeinfer.bench.runner import BenchResult
+
+__all__ = ["plot", "table"]
+
+
+def table(result: BenchResult) -> Table:
+    """A rich table: one row per candidate, the subject first, speedups vs the subject."""
+    config = result.config
+    out = Table(
+        title=(
+            f"batch {config.batch} · seq {result.seq_len} tokens · {config.thread_count} "
+            f"threads · {result.results[0].latency.count} runs"
+        ),
+    )
+    for column in (
+        "candidate",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "mean ms",
+        "cold start ms",
+        "items/s",
+        "peak RSS MB",
+        "subject speedup",
+    ):
+        out.add_column(column, justify="left" if column == "candidate" else "right")
+    speedups = result.speedups
+    for r in result.results:
+        s = r.latency
+        speed = f"{speedups[r.label]:.2f}x" if r.label in speedups else "—"
+        out.add_row(
+            r.label,
+            f"{s.p50_ms:.2f}",
+            f"{s.p95_ms:.2f}",
+            f"{s.p99_ms:.2f}",
+            f"{s.mean_ms:.2f}",
+            f"{r.cold_start_ms:.0f}",
+            f"{r.throughput_items_s:.1f}",
+            f"{r.peak_rss_bytes / 2**20:.0f}",
+            speed,
+        )
+    return out
+
+
+def plot(result: BenchResult, path: Path) -> None:
+    """Save a box plot of every candidate's latency distribution to ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r.label for r in result.results]
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.6 * len(labels)))
+    ax.boxplot([r.latencies_ms for r in result.results], vert=False, showfliers=True, whis=(1, 99))
+    ax.set_yticks(range(1, len(labels) + 1), labels)
+    ax.set_xlabel("latency per request (ms); whiskers at p1 and p99")
+    ax.set_title(
+        f"edgeinfer bench: batch {result.config.batch}, seq {result.seq_len} tokens, "
+        f"{result.config.thread_count} threads"
+    )
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

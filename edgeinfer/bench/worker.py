@@ -1,0 +1,72 @@
+"""One benchmark candidate in its own process, driven over stdin/stdout with JSON lines.
+
+A process per candidate keeps cold start and peak memory honest (nothing shared, nothing
+already imported) and lets the runner interleave the candidates' measurement blocks, so that a
+noisy machine slows every candidate alike. Commands: ``measure`` {runs} -> {latencies_ms},
+``quit``. The first line sent is the spec; the first line answered is the load report.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _package_runner(spec: dict[str, Any]) -> Callable[[list[str]], object]:
+    from edgeinfer import load
+
+    model = load(spec["path"], threads=spec["threads"])
+    if model.task == "classify":
+        return lambda texts: model.classify(texts, batch_size=len(texts))
+    return lambda texts: model.embed(texts, batch_size=len(texts))
+
+
+def _torch_runner(spec: dict[str, Any]) -> Callable[[list[str]], object]:
+    from pathlib import Path
+
+    from edgeinfer.export.reference import TorchReference
+
+    return TorchReference.for_package(Path(spec["path"]), threads=spec["threads"]).run
+
+
+def main() -> int:
+    """Serve one candidate until ``quit``; return the exit code."""
+    # The protocol owns stdout; anything a library prints while loading goes to stderr.
+    channel, sys.stdout = sys.stdout, sys.stderr
+    spec = json.loads(sys.stdin.readline())
+    texts: list[str] = spec["texts"]
+    started = time.perf_counter()
+    run = _torch_runner(spec) if spec["kind"] == "torch" else _package_runner(spec)
+    run(texts)
+    cold_start_ms = (time.perf_counter() - started) * 1e3
+
+    def reply(data: dict[str, Any]) -> None:
+        channel.write(json.dumps(data) + "\n")
+        channel.flush()
+
+    reply({"cold_start_ms": cold_start_ms})
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["cmd"] == "quit":
+            break
+        latencies = []
+        for _ in range(int(command["warmup"])):
+            run(texts)
+        for _ in range(int(command["runs"])):
+            t0 = time.perf_counter()
+            run(texts)
+            latencies.append((time.perf_counter() - t0) * 1e3)
+        # ru_maxrss is in KiB on Linux: the peak resident memory of this candidate's process.
+        peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        reply({"latencies_ms": latencies, "peak_rss_bytes": peak_rss})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+"""``edgeinfer.bridge.Client``: send requests to a bridge and wait for the replies.
+
+End-to-end delivery rests here: a broker killed with -9 can lose QoS 1 messages it had
+acknowledged but not yet saved, so the client re-sends a request with the **same id** when no
+reply came within ``attempt_timeout_s`` (backing off), and the bridge answers a repeated id from
+its de-duplication store without running the model twice. Each request's future resolves once;
+any further reply to it is counted in ``duplicate_replies`` and dropped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge.connection import Connection, connect_async, new_paho_client
+from edgeinfer.errors import (
+    BrokerAuthError,
+    BrokerUnavailableError,
+    ConfigError,
+    RequestTimeoutError,
+)
+
+if TYPE_CHECKING:
+    from paho.mqtt.client import Client as PahoClient
+    from paho.mqtt.client import ConnectFlags, MQTTMessage
+    from paho.mqtt.properties import Properties
+    from paho.mqtt.reasoncodes import ReasonCode
+
+__all__ = ["Client"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    topic: str
+    payload: bytes
+    correlation: bytes
+    content_type: str | None
+    future: Future[dict[str, Any]]
+    next_send: float  # time.monotonic() of the next re-send
+    wait_s: float  # the current wait between sends
+    resends_left: int
+    backoff: float  # each wait is this many times the previous one
+    busy_wait_s: float  # wait before re-sending after a `busy` reply (doubles each time)
+    attempts: int = 1
+
+
+class Client:
+    """A request/response client for ``edgeinfer serve``.
+
+    Args:
+        connection: broker, credentials, TLS, protocol and (stable) client id; the client id
+            names the reply topic and the persistent session that keeps replies across drops.
+        device_id, topic_prefix: the bridge's topic levels.
+        qos: QoS for requests and the reply subscription.
+        fmt: ``"json"`` or ``"msgpack"`` (MQTT v5 only: the content type says which).
+    """
+
+    def __init__(self, *, connection: Connection, device_id: str, topic_prefix: str = "edgeinfer",
+                 qos: int = 1, fmt: str = "json") -> None:
+        if fmt not in ("json", "msgpack") or (fmt == "msgpack" and not connection.is_v5):
+            raise ConfigError("fmt must be 'json', or 'msgpack' over MQTT v5")
+        if qos not in (0, 1):
+            raise ConfigError(f"qos must be 0 or 1, got {qos}")
+        self.connection = connection
+        self.base = f"{topic_prefix}/{device_id}"
+        self.reply_topic = f"{topic_prefix}/clients/{connection.client_id}/reply"
+        self.qos = qos
+        self.fmt = fmt
+        self.duplicate_replies = 0
+        self.busy_replies = 0  # `busy` replies that were re-sent later
+        self.resends = 0
+        self._pending: dict[bytes, _Pending] = {}
+        self._lock = threading.Condition()
+        self._ids = itertools.count()
+        self._prefix = f"{os.getpid():x}-{uuid.uuid4().hex[:8]}"
+        self._subscribed = threading.Event()
+        self._refused: str | None = None
+        self._closed = False
+        self._client: PahoClient = new_paho_client(connection)
+        self._client.max_inflight_messages_set(1000)
+        self._client.on_connect = self._on_connect
+        self._client.on_subscribe = self._on_subscribe
+        self._client.on_message = self._on_message
+        self._resender = threading.Thread(target=self._resend_loop, name="edgeinfer-resend",
+                                          daemon=True)
+
+    def connect(self, *, timeout_s: float = 30.0) -> Client:
+        """Connect and subscribe to the reply topic.
+
+        Raises:
+            BrokerAuthError: the broker refused the connection (e.g. a wrong password).
+            BrokerUnavailableError: not subscribed within ``timeout_s`` (the broker is down or
+                unreachable, or the TLS handshake failed); also a built-in ``TimeoutError``.
+        """
+        if self._resender.is_alive():
+            return self  # already connected (connect() then ``with client:``)
+        connect_async(self._client, self.connection)
+        self._client.loop_start()
+        self._resender.start()
+        give_up = time.monotonic() + timeout_s
+        while not self._subscribed.wait(0.05):
+            if self._refused is not None:
+                self.close()
+                raise BrokerAuthError(f"the broker refused the connection: {self._refused}")
+            if time.monotonic() >= give_up:
+                self.close()
+                raise BrokerUnavailableError(
+                    f"not connected to {self.connection.broker} in {timeout_s} s")
+        return self
+
+    def close(self) -> None:
+        """Disconnect; requests still waiting fail with ``RequestTimeoutError``."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending, self._pending = self._pending, {}
+            self._lock.notify_all()
+        for item in pending.values():
+            if not item.future.done():
+                item.future.set_exception(
+                    RequestTimeoutError("client closed before the reply came"))
+        self._client.disconnect()
+        self._client.loop_stop()
+
+    def __enter__(self) -> Client:
+        return self.connect()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- requests ------------------------------------------------------------------------------
+    def submit(
+        self,
+        model: str,
+        *,
+        text: str | None = None,
+        texts: list[str] | None = None,
+        request_id: str | None = None,
+        timeout_ms: float | None = None,
+        deadline_ms: float | None = None,
+        params: dict[str, Any] | None = None,
+        attempt_timeout_s: float = 2.0,
+        retries: int = 3,
+        backoff: float = 2.0,
+        busy_wait_s: float = 0.05,
+    ) -> Future[dict[str, Any]]:
+        """Send one request; the future resolves with the reply dict (``ok`` true or false).
+
+        Args:
+            model: the model's topic level on the bridge.
+            text, texts: one input, or several (exactly one of the two).
+            request_id: the id (default: a fresh unique one); re-sends reuse it.
+            timeout_ms, deadline_ms: a relative or an absolute (epoch ms) deadline, or neither.
+            params: model parameters (``{"truncate": bool}``).
+            attempt_timeout_s: wait this long for a reply before re-sending the same id.
+            retries: re-sends at most; then the future fails with ``RequestTimeoutError``.
+            backoff: each wait is this many times the previous one.
+            busy_wait_s: a ``busy`` reply (the bridge's queue was full) is re-sent after this
+                long, doubling each time, using up the same ``retries``; 0 returns it at once.
+        """
+        if (text is None) == (texts is None):
+            raise ConfigError("give exactly one of text= or texts=")
+        if attempt_timeout_s <= 0 or retries < 0 or backoff < 1 or busy_wait_s < 0:
+            raise ConfigError(
+                "need attempt_timeout_s > 0, retries >= 0, backoff >= 1, busy_wait_s >= 0")
+        body: dict[str, Any] = {"id": request_id or f"{self._prefix}-{next(self._ids)}"}
+        body.update({"text": text} if text is not None else {"texts": texts})
+        for key, value in (("timeout_ms", timeout_ms), ("deadline_ms", deadline_ms),
+                           ("params", params)):
+            if value is not None:
+                body[key] = value
+        # Always in the payload too: a bridge on MQTT 3.1.1 never sees the v5 ResponseTopic.
+        body["reply_to"] = self.reply_topic
+        payload = proto.encode(body, fmt=self.fmt)
+        content_type = proto.CONTENT_MSGPACK if self.fmt == "msgpack" else None
+        return self._send(f"{self.base}/{model}/req", payload, body["id"].encode(),
+                          content_type, attempt_timeout_s, retries, backoff, busy_wait_s)
+
+    def request(self, model: str, **kwargs: Any) -> dict[str, Any]:
+        """``submit(...)`` and wait for the reply (``RequestTimeoutError`` after the last try)."""
+        return self.submit(model, **kwargs).result()
+
+    def send_raw(self, model: str, payload: bytes, *, content_type: str | None = None,
+                 attempt_timeout_s: float = 5.0, retries: int = 0) -> Future[dict[str, Any]]:
+        """Publish arbitrary bytes as a request (MQTT v5) and get the bridge's reply.
+
+        For diagnostics and tests: the reply is matched by a fresh CorrelationData, so even a
+        payload the bridge cannot parse gets its error reply back here.
+        """
+        if not self.connection.is_v5:
+            raise ConfigError("send_raw needs MQTT v5 (the reply is matched by CorrelationData)")
+        correlation = f"raw-{self._prefix}-{next(self._ids)}".encode()
+        return self._send(f"{self.base}/{model}/req", payload, correlation, content_type,
+                          attempt_timeout_s, retries, 1.0, 0.0)
+
+    def _send(self, topic: str, payload: bytes, correlation: bytes, content_type: str | None,
+              attempt_timeout_s: float, retries: int, backoff: float,
+              busy_wait_s: float) -> Future[dict[str, Any]]:
+        future: Future[dict[str, Any]] = Future()
+        item = _Pending(topic, payload, correlation, content_type, future,
+                        next_send=time.monotonic() + attempt_timeout_s,
+                        wait_s=attempt_timeout_s * backoff, resends_left=retries,
+                        backoff=backoff, busy_wait_s=busy_wait_s)
+        with self._lock:
+            if self._closed:
+                raise ConfigError("the client is closed")
+            if correlation in self._pending:
+                raise ConfigError(f"request {correlation.decode(errors='replace')!r} is in flight")
+            self._pending[correlation] = item
+            self._lock.notify_all()
+        self._publish(item)
+        return future
+
+    def _publish(self, item: _Pending) -> None:
+        props = None
+        if self.connection.is_v5:
+            from paho.mqtt.packettypes import PacketTypes
+            from paho.mqtt.properties import Properties
+
+            props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+            props.ResponseTopic = self.reply_topic
+            props.CorrelationData = item.correlation
+            if item.content_type:
+                props.ContentType = item.content_type
+        # Disconnected: paho keeps the QoS 1 message and sends it after reconnecting.
+        self._client.publish(item.topic, item.payload, qos=self.qos, properties=props)
+
+    def _resend_loop(self) -> None:
+        while True:
+            due: list[_Pending] = []
+            expired: list[_Pending] = []
+            with self._lock:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                for key, item in list(self._pending.items()):
+                    if item.next_send > now:
+                        continue
+                    if item.resends_left == 0:
+                        expired.append(self._pending.pop(key))
+                        continue
+                    item.resends_left -= 1
+                    item.attempts += 1
+                    item.next_send = now + item.wait_s
+                    item.wait_s *= item.backoff
+                    due.append(item)
+                wake = min((i.next_send for i in self._pending.values()), default=now + 1.0)
+            for item in expired:
+                item.future.set_exception(RequestTimeoutError(
+                    f"no reply to {item.correlation.decode(errors='replace')!r} "
+                    f"after {item.attempts} attempt(s)"))
+            for item in due:
+                self.resends += 1
+                log.info("re-sending %r (attempt %d)", item.correlation, item.attempts)
+                self._publish(item)
+            with self._lock:
+                if not self._closed:
+                    self._lock.wait(max(0.0, min(wake - time.monotonic(), 1.0)))
+
+    # -- paho callbacks --------------------------------------------------------------------------
+    def _on_connect(self, client: PahoClient, userdata: Any, flags: ConnectFlags,
+                    reason: ReasonCode, properties: Properties | None) -> None:
+        if reason.is_failure:
+            self._refused = str(reason)
+            client.disconnect()
+            return
+        client.subscribe(self.reply_topic, qos=self.qos)
+
+    def _on_subscribe(self, client: PahoClient, userdata: Any, mid: int,
+                      reasons: list[ReasonCode], properties: Properties | None) -> None:
+        if any(r.is_failure for r in reasons):
+            self._refused = f"reply subscription refused: {reasons}"
+            return
+        self._subscribed.set()
+
+    def _on_message(self, client: PahoClient, userdata: Any, message: MQTTMessage) -> None:
+        props = getattr(message, "properties", None)
+        fmt = proto.wire_format(getattr(props, "ContentType", None))
+        try:
+            reply = proto.decode_reply(bytes(message.payload), fmt=fmt)
+        except ValueError:
+            log.warning("dropping an undecodable reply on %s", message.topic)
+            return
+        correlation = getattr(props, "CorrelationData", None)
+        key = bytes(correlation) if correlation else str(reply.get("id", "")).encode()
+        with self._lock:
+            item = self._pending.get(key)
+            if item is None:
+                self.duplicate_replies += 1
+                return
+            error = reply.get("error")
+            code = error.get("code") if isinstance(error, dict) else None
+            if code == proto.BUSY and item.busy_wait_s > 0 and item.resends_left > 0:
+                item.next_send = time.monotonic() + item.busy_wait_s  # back-pressure: wait
+                item.busy_wait_s *= 2
+                self.busy_replies += 1
+                self._lock.notify_all()
+                return
+            del self._pending[key]
+        item.future.set_result(reply)

@@ -1,0 +1,71 @@
+"""``edgeinfer bench PKG``: latency percentiles, cold start, throughput and memory vs baselines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edgeinfer.cli.common import EXIT_CHECK_FAILED, console, print_json
+
+__all__ = ["bench"]
+
+
+def bench(
+    package: Annotated[Path, typer.Argument(help="package to measure")],
+    baseline: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="'torch' (the source model in PyTorch eager) or another package; repeatable"
+        ),
+    ] = None,
+    runs: Annotated[int, typer.Option(help="timed runs per candidate")] = 200,
+    warmup: Annotated[int, typer.Option(help="untimed runs first")] = 20,
+    seq_len: Annotated[int, typer.Option(help="tokens per text")] = 32,
+    batch: Annotated[int, typer.Option(help="texts per request")] = 1,
+    threads: Annotated[int | None, typer.Option(help="threads for every candidate")] = None,
+    rounds: Annotated[int, typer.Option(help="interleaved blocks per candidate")] = 5,
+    min_speedup: Annotated[
+        float | None, typer.Option(help="exit 1 if the p50 speedup over any baseline is lower")
+    ] = None,
+    plot: Annotated[Path | None, typer.Option(help="write a latency box plot (PNG)")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="print the results as JSON")] = False,
+) -> None:
+    """Measure PACKAGE (and baselines, in the same run) and print p50/p95/p99."""
+    from edgeinfer.bench import report
+    from edgeinfer.bench.runner import BenchConfig, Candidate, run_bench
+    from edgeinfer.manifest import Manifest
+
+    config = BenchConfig(
+        runs=runs, warmup=warmup, seq_len=seq_len, batch=batch, threads=threads, rounds=rounds
+    )
+    manifest = Manifest.read(package)
+    subject = Candidate(f"{package.name} ({manifest.precision})", "package", package)
+    baselines = []
+    for name in baseline or []:
+        if name == "torch":
+            baselines.append(Candidate("pytorch eager (fp32)", "torch", package))
+        else:
+            other = Manifest.read(Path(name))
+            baselines.append(
+                Candidate(f"{Path(name).name} ({other.precision})", "package", Path(name))
+            )
+    with console.status(f"benchmarking {len(baselines) + 1} candidate(s) …"):
+        result = run_bench(subject, baselines, config)
+    if plot is not None:
+        report.plot(result, plot)
+    if json_output:
+        print_json(result.to_dict())
+    else:
+        console.print(report.table(result), soft_wrap=True)
+        if plot is not None:
+            console.print(f"plot written to {plot}")
+    if min_speedup is not None:
+        slow = {k: v for k, v in result.speedups.items() if v < min_speedup}
+        if slow:
+            console.print(
+                f"[red]speedup below {min_speedup}x[/]: "
+                + ", ".join(f"{k} {v:.2f}x" for k, v in slow.items())
+            )
+            raise typer.Exit(EXIT_CHECK_FAILED)

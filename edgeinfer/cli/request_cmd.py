@@ -1,0 +1,129 @@
+"""``edgeinfer request --broker mqtt://HOST:PORT MODEL '{json}'``: one request to a bridge.
+
+For devices and scripts: send one request to ``edgeinfer serve`` over MQTT, wait for its reply,
+print the reply as JSON on stdout. Exit 0 when the reply says ``ok: true``, 1 on an error reply
+(``busy``, ``deadline_exceeded``, ``bad_request``, ...), 2 on a usage, connection or
+authentication problem, or when no reply came after every re-send (``request_timeout``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from edgeinfer.cli.common import EXIT_CHECK_FAILED, console, print_json
+
+__all__ = ["request"]
+
+# The request fields a caller may put in the JSON argument (``reply_to`` is the client's own).
+_FIELDS = ("id", "text", "texts", "params", "timeout_ms", "deadline_ms")
+
+
+def _parse_body(body: str) -> dict[str, Any]:
+    """The JSON argument as a request object, or a ``ConfigError`` saying what is wrong."""
+    from edgeinfer.errors import ConfigError
+
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise ConfigError(f"the request is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError('the request must be a JSON object, e.g. \'{"text": "..."}\'')
+    unknown = sorted(set(data) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(f"unknown request field(s) {unknown}; allowed: {list(_FIELDS)}")
+    if data.get("id") is not None and not isinstance(data["id"], str):
+        raise ConfigError("'id' must be a string")
+    return data
+
+
+def request(
+    model: Annotated[str, typer.Argument(help="the model's topic level (its package folder name)")],
+    body: Annotated[
+        str,
+        typer.Argument(
+            help='the request as JSON: {"text": "..."} or {"texts": [...]}, '
+            'optional "id", "params", "timeout_ms" or "deadline_ms"'
+        ),
+    ],
+    broker: Annotated[
+        str, typer.Option(help="mqtt://HOST:PORT, or mqtts://HOST:PORT for TLS")
+    ] = "mqtt://127.0.0.1:1883",
+    device_id: Annotated[
+        str | None, typer.Option(help="the bridge's device topic level (default: the host name)")
+    ] = None,
+    topic_prefix: Annotated[str, typer.Option(help="first topic level")] = "edgeinfer",
+    client_id: Annotated[
+        str | None, typer.Option(help="MQTT client id (default: unique to this process)")
+    ] = None,
+    v311: Annotated[bool, typer.Option("--v311", help="speak MQTT 3.1.1 instead of v5")] = False,
+    username: Annotated[
+        str | None, typer.Option(envvar="EDGEINFER_MQTT_USERNAME", help="broker user name")
+    ] = None,
+    password: Annotated[
+        str | None,
+        typer.Option(
+            envvar="EDGEINFER_MQTT_PASSWORD",
+            show_default=False,
+            help="broker password (prefer the environment variable)",
+        ),
+    ] = None,
+    tls_ca: Annotated[Path | None, typer.Option(help="CA file that signed the broker")] = None,
+    tls_cert: Annotated[Path | None, typer.Option(help="client certificate")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="client certificate's key")] = None,
+    timeout_s: Annotated[
+        float, typer.Option(help="seconds to wait for a reply before re-sending the same id")
+    ] = 5.0,
+    retries: Annotated[int, typer.Option(help="re-sends (same id) when no reply came")] = 2,
+    backoff: Annotated[float, typer.Option(help="each wait is this many times the last")] = 2.0,
+    connect_timeout_s: Annotated[
+        float, typer.Option(help="seconds to wait for the broker connection")
+    ] = 10.0,
+) -> None:
+    """Send one request to an ``edgeinfer serve`` bridge and print its reply as JSON."""
+    from edgeinfer.bridge import Client, Connection
+    from edgeinfer.errors import ConfigError
+
+    data = _parse_body(body)
+    if timeout_s <= 0 or connect_timeout_s <= 0:
+        raise ConfigError("--timeout-s and --connect-timeout-s must be > 0")
+    device = device_id or socket.gethostname().split(".")[0]
+    connection = Connection(
+        broker=broker,
+        client_id=client_id or f"edgeinfer-request-{socket.gethostname()}-{os.getpid()}"[:128],
+        protocol="3.1.1" if v311 else "5",
+        username=username,
+        password=password,
+        tls_ca=tls_ca,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        # Long enough to ride out a broker restart during one request; short, so one-shot
+        # clients with per-process ids do not pile up sessions on the broker.
+        session_expiry_s=60,
+    )
+    client = Client(connection=connection, device_id=device, topic_prefix=topic_prefix)
+    with client.connect(timeout_s=connect_timeout_s):
+        reply = client.request(
+            model,
+            text=data.get("text"),
+            texts=data.get("texts"),
+            request_id=data.get("id"),
+            timeout_ms=data.get("timeout_ms"),
+            deadline_ms=data.get("deadline_ms"),
+            params=data.get("params"),
+            attempt_timeout_s=timeout_s,
+            retries=retries,
+            backoff=backoff,
+        )
+    print_json(reply)
+    if reply.get("ok") is not True:
+        error = reply.get("error")
+        if not isinstance(error, dict):
+            error = {}
+        console.print(f"[bold red]error reply[/] ({error.get('code')}): {error.get('message')}")
+        raise typer.Exit(EXIT_CHECK_FAILED)

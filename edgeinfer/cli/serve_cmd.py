@@ -1,0 +1,112 @@
+"""``edgeinfer serve PKG [PKG...] --broker mqtt://HOST:PORT``: serve packages over MQTT.
+
+Each package is served under its folder name (``edgeinfer/DEVICE/<folder>/req``). The command runs
+until SIGINT or SIGTERM, then finishes queued requests, marks itself offline and exits 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from edgeinfer.cli.common import console
+
+__all__ = ["serve"]
+
+
+class ProtocolChoice(str, Enum):
+    v5 = "5"
+    v311 = "3.1.1"
+
+
+def serve(
+    packages: Annotated[list[Path], typer.Argument(help="package folders to serve")],
+    broker: Annotated[
+        str, typer.Option(help="mqtt://HOST:PORT, or mqtts://HOST:PORT for TLS")
+    ] = "mqtt://127.0.0.1:1883",
+    device_id: Annotated[
+        str | None, typer.Option(help="the device's topic level (default: the host name)")
+    ] = None,
+    topic_prefix: Annotated[str, typer.Option(help="first topic level")] = "edgeinfer",
+    shared_group: Annotated[
+        str | None, typer.Option(help="subscribe via $share/NAME/... to split load with peers")
+    ] = None,
+    client_id: Annotated[
+        str | None, typer.Option(help="MQTT client id; names the persistent session")
+    ] = None,
+    protocol: Annotated[ProtocolChoice, typer.Option(help="MQTT version")] = ProtocolChoice.v5,
+    qos: Annotated[int, typer.Option(help="QoS of requests and replies (0 or 1)")] = 1,
+    max_queue: Annotated[int, typer.Option(help="waiting requests; more get 'busy'")] = 64,
+    max_payload_bytes: Annotated[
+        int, typer.Option(help="larger requests get 'payload_too_large'")
+    ] = 256 * 1024,
+    username: Annotated[
+        str | None, typer.Option(envvar="EDGEINFER_MQTT_USERNAME", help="broker user name")
+    ] = None,
+    password: Annotated[
+        str | None,
+        typer.Option(envvar="EDGEINFER_MQTT_PASSWORD", show_default=False,
+                     help="broker password (prefer the environment variable)"),
+    ] = None,
+    tls_ca: Annotated[Path | None, typer.Option(help="CA file that signed the broker")] = None,
+    tls_cert: Annotated[Path | None, typer.Option(help="client certificate")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="client certificate's key")] = None,
+    metrics_interval_s: Annotated[
+        float, typer.Option(help="seconds between metrics messages (0: none)")
+    ] = 10.0,
+    threads: Annotated[int | None, typer.Option(help="intra-op threads per model")] = None,
+) -> None:
+    """Serve model packages to MQTT devices: request/response with deadlines."""
+    import edgeinfer
+    from edgeinfer.bridge import Bridge, BridgeConfig, Connection, default_client_id
+    from edgeinfer.errors import BrokerAuthError, BrokerUnavailableError, ConfigError
+
+    device = device_id or socket.gethostname().split(".")[0]
+    connection = Connection(
+        broker=broker, client_id=client_id or default_client_id(device, shared_group),
+        protocol=protocol.value, username=username, password=password,
+        tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+    )
+    config = BridgeConfig(
+        connection=connection, device_id=device, topic_prefix=topic_prefix,
+        shared_group=shared_group, qos=qos, max_queue=max_queue,
+        max_payload_bytes=max_payload_bytes, metrics_interval_s=metrics_interval_s,
+    )
+    names = [p.resolve().name for p in packages]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"two packages share a folder name (the topic level): {names}")
+    # Several spinning sessions in one process fight for the cores: spin only with one model.
+    runtime = edgeinfer.RuntimeConfig(spin_wait=len(packages) == 1)
+    models: dict[str, Any] = {
+        name: edgeinfer.load(path, threads=threads, config=runtime)
+        for name, path in zip(names, packages, strict=True)
+    }
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    bridge = Bridge(models, config=config)
+    try:
+        bridge.start(timeout_s=None)
+        try:
+            bridge.wait_ready(timeout_s=30)
+        except BrokerUnavailableError:  # keep trying: the broker may come up after us (boot order)
+            console.print(f"[yellow]{broker} not reachable yet; retrying in the background[/]")
+        console.print(f"serving {', '.join(names)} on {broker} as {config.base}/<model>/req "
+                      f"(client id {connection.client_id}); Ctrl-C to stop")
+        while not stop.wait(0.5):
+            if bridge.refused is not None:
+                raise BrokerAuthError(f"the broker refused the bridge: {bridge.refused}")
+    finally:
+        bridge.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    console.print("stopped")

@@ -1,0 +1,189 @@
+"""The one exception tree of edgeinfer.
+
+Every error that edgeinfer raises on purpose is an ``EdgeInferError``. Third-party errors
+(onnxruntime, tokenizers, torch, paho) are translated at the boundary with ``raise ... from exc``
+so that callers catch one tree and still see the cause.
+
+::
+
+    EdgeInferError                  code
+    ├── ConfigError                 config         bad argument, unknown task/target/source
+    ├── MissingDependencyError      missing_extra  an optional extra is not installed
+    ├── PackageError                package        a model package cannot be used
+    │   ├── ManifestError           manifest       manifest.json missing, malformed, wrong schema
+    │   └── IntegrityError          integrity      a file's sha256 or size differs from the manifest
+    ├── ProviderError               provider       no requested execution provider can run
+    ├── InputError                  bad_input      an input the model cannot take (empty, too long)
+    │   └── ContextLengthExceededError  context_length  prompt + max_new_tokens > the context
+    ├── InferenceError              inference      onnxruntime failed while running a graph
+    ├── BridgeError                 bridge         the MQTT bridge or its client failed
+    │   ├── BrokerAuthError         broker_auth    the broker refused the login (user, password)
+    │   ├── BrokerUnavailableError  broker_unavailable  no broker connection within the timeout
+    │   └── RequestTimeoutError     request_timeout  no reply came in time (after every re-send)
+    └── ExportError                 export         `edgeinfer export` failed
+        ├── ConversionError         conversion     the source could not be converted to ONNX
+        ├── ParityError             parity         fp32 ONNX differs from the source model
+        ├── AccuracyGateError       accuracy_gate  a quantized variant lost more than allowed
+        └── SlowerQuantizationError quant_slower   int8 ran slower than fp32 on this machine
+
+The CLI maps ``AccuracyGateError`` and ``SlowerQuantizationError`` (a check that failed) to
+exit code 1 and every other ``EdgeInferError`` to exit code 2. ``BrokerUnavailableError`` and
+``RequestTimeoutError`` are also built-in ``TimeoutError``s, so callers that caught those still do.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AccuracyGateError",
+    "BridgeError",
+    "BrokerAuthError",
+    "BrokerUnavailableError",
+    "ConfigError",
+    "ContextLengthExceededError",
+    "ConversionError",
+    "EdgeInferError",
+    "ExportError",
+    "InferenceError",
+    "InputError",
+    "IntegrityError",
+    "ManifestError",
+    "MissingDependencyError",
+    "PackageError",
+    "ParityError",
+    "ProviderError",
+    "RequestTimeoutError",
+    "SlowerQuantizationError",
+]
+
+
+class EdgeInferError(Exception):
+    """Base class of every error edgeinfer raises; ``code`` is stable and machine-readable."""
+
+    code = "edgeinfer"
+
+
+class ConfigError(EdgeInferError, ValueError):
+    """An argument or configuration value is invalid."""
+
+    code = "config"
+
+
+class MissingDependencyError(EdgeInferError, ImportError):
+    """An optional dependency is missing; the message gives the exact ``pip install`` line."""
+
+    code = "missing_extra"
+
+    def __init__(self, module: str, extra: str) -> None:
+        super().__init__(
+            f"{module!r} is not installed; it comes with the {extra!r} extra: "
+            f"pip install 'edgeinfer[{extra}]'"
+        )
+        self.module = module
+        self.extra = extra
+
+
+class PackageError(EdgeInferError):
+    """A model package cannot be used."""
+
+    code = "package"
+
+
+class ManifestError(PackageError):
+    """``manifest.json`` is missing, malformed or of an unsupported schema."""
+
+    code = "manifest"
+
+
+class IntegrityError(PackageError):
+    """A package file does not match the sha256 or size recorded in the manifest."""
+
+    code = "integrity"
+
+
+class ProviderError(EdgeInferError):
+    """None of the requested execution providers can run on this device."""
+
+    code = "provider"
+
+
+class InputError(EdgeInferError, ValueError):
+    """An input the model cannot take (empty, wrong type, too long)."""
+
+    code = "bad_input"
+
+
+class InferenceError(EdgeInferError):
+    """onnxruntime failed while loading or running a graph."""
+
+    code = "inference"
+
+
+class ExportError(EdgeInferError):
+    """``edgeinfer export`` failed."""
+
+    code = "export"
+
+
+class ConversionError(ExportError):
+    """The source model could not be converted to ONNX."""
+
+    code = "conversion"
+
+
+class ParityError(ExportError):
+    """The fp32 ONNX graph does not reproduce the source model within tolerance."""
+
+    code = "parity"
+
+
+class AccuracyGateError(ExportError):
+    """Every candidate variant lost more accuracy than the gate allows."""
+
+    code = "accuracy_gate"
+
+
+class SlowerQuantizationError(ExportError):
+    """The quantized variant ran slower than fp32 on this machine."""
+
+    code = "quant_slower"
+
+
+class ContextLengthExceededError(InputError):
+    """The prompt's tokens plus ``max_new_tokens`` exceed the package's context length; raised
+    before any graph runs."""
+
+    code = "context_length"
+
+    def __init__(self, *, prompt_tokens: int, max_new_tokens: int, context_length: int) -> None:
+        super().__init__(
+            f"the prompt has {prompt_tokens} tokens and max_new_tokens is {max_new_tokens}: "
+            f"{prompt_tokens + max_new_tokens} > the context length {context_length}; "
+            "shorten the prompt or lower max_new_tokens"
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_new_tokens = max_new_tokens
+        self.context_length = context_length
+
+
+class BridgeError(EdgeInferError):
+    """The MQTT bridge (``edgeinfer serve``) or its client (``edgeinfer.bridge.Client``) failed."""
+
+    code = "bridge"
+
+
+class BrokerAuthError(BridgeError):
+    """The MQTT broker refused the connection: wrong or missing credentials, not authorized."""
+
+    code = "broker_auth"
+
+
+class BrokerUnavailableError(BridgeError, TimeoutError):
+    """No connection to the MQTT broker within the timeout (down, unreachable, TLS failed)."""
+
+    code = "broker_unavailable"
+
+
+class RequestTimeoutError(BridgeError, TimeoutError):
+    """No reply to a bridge request came in time, after every re-send."""
+
+    code = "request_timeout"

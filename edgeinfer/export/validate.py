@@ -1,0 +1,128 @@
+"""What the export kept: the task's own metric against the PyTorch fp32 reference, and speed.
+
+Candidates are evaluated through the real runtime (``edgeinfer.load`` on a staged package), so the
+gate measures exactly what a device will run, tokenizer and post-processing included.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.config import RuntimeConfig
+from edgeinfer.export.reference import TorchReference
+from edgeinfer.export.source import Source
+from edgeinfer.runtime import Model, load
+
+__all__ = ["Accuracy", "compare", "median_latency_ms", "run_model", "torch_reference"]
+
+# fp32 ONNX vs PyTorch differs only by float reassociation: ~1e-6 in cosine, ~1e-5 in probability.
+PARITY_MIN_COSINE = 0.9999
+PARITY_MAX_PROB_DIFF = 1e-3
+# The minimum cosine may fall this many times further than the mean: one hard text must not
+# fail a good model, but a broken one must.
+MIN_COSINE_SLACK = 3.0
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """A candidate's agreement with the reference on held inputs.
+
+    ``metric`` is ``cosine`` (embeddings: ``mean``/``min`` over texts) or ``label_agreement``
+    (classifiers: ``mean`` is the share of equal labels, ``min`` the same).
+    """
+
+    metric: str
+    mean: float
+    min: float
+    count: int
+    max_prob_diff: float | None = None
+
+    def passes(self, max_accuracy_loss: float) -> bool:
+        """Whether the loss stays within ``max_accuracy_loss`` (a fraction, 0.01 = 1 %)."""
+        if self.metric == "cosine":
+            return (
+                self.mean >= 1.0 - max_accuracy_loss
+                and self.min >= 1.0 - MIN_COSINE_SLACK * max_accuracy_loss
+            )
+        return self.mean >= 1.0 - max_accuracy_loss
+
+    def is_parity(self) -> bool:
+        """Whether an fp32 graph reproduces the reference (conversion is lossless)."""
+        if self.metric == "cosine":
+            return self.min >= PARITY_MIN_COSINE
+        return self.mean == 1.0 and (self.max_prob_diff or 0.0) <= PARITY_MAX_PROB_DIFF
+
+    def to_dict(self, max_accuracy_loss: float) -> dict[str, Any]:
+        """JSON-ready, with whether it passes the gate."""
+        out: dict[str, Any] = {
+            "metric": self.metric,
+            "mean": round(self.mean, 6),
+            "min": round(self.min, 6),
+            "count": self.count,
+            "passed": self.passes(max_accuracy_loss),
+        }
+        if self.max_prob_diff is not None:
+            out["max_prob_diff"] = round(self.max_prob_diff, 6)
+        return out
+
+
+def torch_reference(source: Source, task: str, texts: Sequence[str]) -> np.ndarray:
+    """The source model's own outputs in PyTorch fp32, 16 texts per batch."""
+    reference = TorchReference(source, task)
+    return np.concatenate(
+        [reference.run(list(texts[i : i + 16])) for i in range(0, len(texts), 16)]
+    )
+
+
+def run_model(model: Model, texts: Sequence[str]) -> np.ndarray:
+    """The candidate's outputs in the reference's form (embeddings or probabilities)."""
+    if model.task == "classify":
+        labels = list(model.manifest.io["labels"])
+        results = model.classify(texts, batch_size=16)
+        return np.array([[r.scores[label] for label in labels] for r in results], np.float32)
+    return model.embed(texts, batch_size=16)
+
+
+def compare(task: str, reference: np.ndarray, candidate: np.ndarray) -> Accuracy:
+    """Score ``candidate`` against ``reference`` with the task's metric."""
+    if task == "classify":
+        agree = (reference.argmax(1) == candidate.argmax(1)).astype(np.float64)
+        return Accuracy(
+            metric="label_agreement",
+            mean=float(agree.mean()),
+            min=float(agree.min()),
+            count=len(agree),
+            max_prob_diff=float(np.abs(reference - candidate).max()),
+        )
+    cosines = np.sum(reference * candidate, axis=1)  # both L2-normalized: [N]
+    return Accuracy(
+        metric="cosine", mean=float(cosines.mean()), min=float(cosines.min()), count=len(cosines)
+    )
+
+
+def load_candidate(folder: Path, threads: int | None) -> Model:
+    """Load a staged candidate package the way a device would (spin off: several are alive)."""
+    return load(folder, verify=False, config=RuntimeConfig(threads=threads, spin_wait=False))
+
+
+def median_latency_ms(
+    models: dict[str, Model], texts: Sequence[str], *, rounds: int = 5, runs: int = 10
+) -> dict[str, float]:
+    """Median latency of one text at a time over ``texts`` for each model, measured in
+    alternating blocks so that machine noise hits every model alike."""
+    samples: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(rounds):
+        for name, model in models.items():
+            run_model(model, texts[:1])
+            for i in range(runs):
+                text = texts[i % len(texts)]
+                started = time.perf_counter()
+                run_model(model, [text])
+                samples[name].append((time.perf_counter() - started) * 1e3)
+    return {name: float(np.median(values)) for name, values in samples.items()}

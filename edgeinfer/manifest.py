@@ -1,0 +1,156 @@
+"""The package contract: ``manifest.json``.
+
+A package is a folder that ``edgeinfer export`` writes and everything else only reads. The
+manifest names every file with its sha256 and size, says what the graph takes and returns, and
+records where the model came from and what accuracy the export kept. The runtime reads graph
+and tokenizer names from here and never guesses them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from edgeinfer.errors import IntegrityError, ManifestError
+
+__all__ = [
+    "MANIFEST_NAME",
+    "SCHEMA_VERSION",
+    "FileEntry",
+    "Manifest",
+    "Task",
+    "file_entries",
+    "sha256_file",
+]
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+Task = Literal["embed", "classify", "generate"]
+TASKS: tuple[str, ...] = ("embed", "classify", "generate")
+_CHUNK_BYTES = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    """Return the hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One package file: its sha256 and its size in bytes."""
+
+    sha256: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The parsed ``manifest.json`` of a model package (schema v1).
+
+    ``io`` holds ``graph`` (the ONNX file), ``tokenizer`` (the tokenizer file), ``inputs`` and
+    ``outputs`` (lists of ``{name, dtype, shape}``), ``max_seq_len`` and the task's own fields
+    (``embedding_dim``, ``pooling``, ``normalize`` for embeddings; ``labels`` for classifiers).
+    """
+
+    name: str
+    task: Task
+    source: dict[str, Any]
+    created_by: dict[str, str]
+    target: str
+    precision: str
+    quantization: dict[str, Any]
+    providers: list[str]
+    io: dict[str, Any]
+    tokens: dict[str, int | None]
+    accuracy: dict[str, Any]
+    files: dict[str, FileEntry]
+    early_exit: dict[str, Any] | None = None
+    schema_version: int = SCHEMA_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the manifest as plain JSON-ready data."""
+        return asdict(self)
+
+    def write(self, folder: Path) -> Path:
+        """Write ``manifest.json`` into ``folder`` and return its path."""
+        path = folder / MANIFEST_NAME
+        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        return path
+
+    @property
+    def digest(self) -> str:
+        """A sha256 over every file's digest: the package's identity (for caches, replies)."""
+        joined = "\n".join(f"{name}:{entry.sha256}" for name, entry in sorted(self.files.items()))
+        return hashlib.sha256(joined.encode()).hexdigest()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        """Build a manifest from parsed JSON, refusing other schemas and missing fields."""
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ManifestError(
+                f"manifest schema_version {version!r} is not supported by this edgeinfer "
+                f"(it reads {SCHEMA_VERSION}); re-export the package with this version"
+            )
+        if data.get("task") not in TASKS:
+            raise ManifestError(f"manifest task {data.get('task')!r} is not one of {TASKS}")
+        try:
+            files = {
+                str(name): FileEntry(sha256=str(e["sha256"]), bytes=int(e["bytes"]))
+                for name, e in data["files"].items()
+            }
+            return cls(**{**data, "files": files})
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ManifestError(f"manifest is malformed: {exc}") from exc
+
+    @classmethod
+    def read(cls, folder: Path) -> Manifest:
+        """Read and parse ``folder/manifest.json``."""
+        path = Path(folder) / MANIFEST_NAME
+        if not path.is_file():
+            hint = "the folder does not exist" if not Path(folder).exists() else "no manifest.json"
+            raise ManifestError(
+                f"{folder} is not an edgeinfer package ({hint}); create one with `edgeinfer export`"
+            )
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ManifestError(f"{path} is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ManifestError(f"{path} must hold a JSON object")
+        return cls.from_dict(data)
+
+    def verify(self, folder: Path) -> None:
+        """Check every listed file's size and sha256; raise ``IntegrityError`` on the first
+        difference, before any of them is parsed."""
+        for name, entry in sorted(self.files.items()):
+            path = Path(folder) / name
+            if not path.is_file():
+                raise IntegrityError(f"package file {name} is missing from {folder}; re-export it")
+            size = path.stat().st_size
+            if size != entry.bytes:
+                raise IntegrityError(
+                    f"package file {name} has {size} bytes, the manifest says {entry.bytes}: "
+                    "the package is damaged or was modified; re-export or re-copy it"
+                )
+            if sha256_file(path) != entry.sha256:
+                raise IntegrityError(
+                    f"package file {name} does not match its sha256 in the manifest: "
+                    "the package is damaged or was modified; re-export or re-copy it"
+                )
+
+
+def file_entries(folder: Path, names: list[str]) -> dict[str, FileEntry]:
+    """Hash the named files of ``folder`` for a manifest's ``files`` field."""
+    return {
+        name: FileEntry(sha256=sha256_file(folder / name), bytes=(folder / name).stat().st_size)
+        for name in sorted(names)
+    }

@@ -1,0 +1,421 @@
+"""Text generation on a decoder package, gpt-fast style: ``prefill`` -> ``decode_one_token`` ->
+``generate``.
+
+The KV cache is allocated once for the context and bound as the graph's past *and* present, so
+every step writes one position in place. The per-token inputs (``input_ids``, ``position_ids``,
+the all-ones ``attention_mask``) and the ``logits`` output are preallocated too: a decode step
+writes two integers, rebinds the mask's length and runs the graph.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from edgeinfer import providers as eps
+from edgeinfer.config import RuntimeConfig, SamplingConfig
+from edgeinfer.errors import (
+    ConfigError,
+    ContextLengthExceededError,
+    InferenceError,
+    InputError,
+    PackageError,
+)
+from edgeinfer.manifest import Manifest
+from edgeinfer.runtime.kvcache import KVCache
+from edgeinfer.runtime.sampling import Sampler
+from edgeinfer.runtime.session import session_options
+
+__all__ = [
+    "FinishReason",
+    "GenerationResult",
+    "Generator",
+    "Prompt",
+    "TextChunk",
+    "render_chat",
+]
+
+FinishReason = Literal["eos", "stop", "length", "deadline"]
+Prompt = str | Sequence[Mapping[str, str]]
+_PLACEHOLDER = re.compile(r"\{role\}|\{content\}")
+
+
+@dataclass(frozen=True)
+class TextChunk:
+    """A piece of streamed text: ``text`` is new, complete characters (never half of one);
+    ``token_ids`` are the tokens generated since the previous chunk."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """One finished generation.
+
+    Attributes:
+        text: the generated text (prompt excluded, cut before a stop string).
+        token_ids: the generated token ids (an eos token excluded).
+        prompt_tokens: tokens in the prompt after the chat template.
+        finish_reason: ``eos``, ``stop`` (a stop string), ``length`` (max_new_tokens) or
+            ``deadline`` (timeout_s).
+        ttft_ms: time to first token (tokenize + prefill + first sample).
+        decode_tokens_per_s: tokens per second after the first one (0 when only one).
+    """
+
+    text: str
+    token_ids: tuple[int, ...]
+    prompt_tokens: int
+    finish_reason: FinishReason
+    ttft_ms: float
+    decode_tokens_per_s: float
+
+
+class _Detokenizer:
+    """Incremental detokenization: emit text only once its bytes form whole characters.
+
+    Decodes a short window (from ``prefix`` to the end) and emits what it adds to the window's
+    already-emitted part, unless it ends in U+FFFD (a multi-byte character not yet complete).
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+        self.ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        done = self._tok.decode(self.ids[self._prefix : self._read])
+        window = self._tok.decode(self.ids[self._prefix :])
+        if len(window) <= len(done) or window.endswith("\ufffd"):
+            return ""
+        self._prefix, self._read = self._read, len(self.ids)
+        return str(window[len(done) :])
+
+
+class Generator:
+    """Generate text with a ``generate`` package on onnxruntime.
+
+    Thread-safe: requests run one at a time (one KV cache); a stream holds the generator until
+    it is exhausted or closed.
+
+    Args:
+        path: the package folder.
+        manifest: its manifest (already verified by the caller when wanted).
+        config: providers and threads.
+        context_length: tokens of KV to allocate (prompt + generated); ``None`` takes the
+            package's context length. Lower it to save memory on small devices.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        manifest: Manifest,
+        *,
+        config: RuntimeConfig,
+        context_length: int | None = None,
+    ) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        if manifest.task != "generate":
+            raise PackageError(f"{path} is a {manifest.task!r} package, not a generate package")
+        io = manifest.io
+        self.manifest = manifest
+        self.context_length = int(context_length or io["context_length"])
+        if not 1 < self.context_length <= int(io["context_length"]):
+            raise ConfigError(
+                f"context_length must be in [2, {io['context_length']}], got {context_length}"
+            )
+        try:
+            self._session = ort.InferenceSession(
+                str(Path(path) / io["graph"]),
+                sess_options=session_options(config),
+                providers=eps.resolve(config.providers or tuple(manifest.providers)),
+            )
+            self._tok = Tokenizer.from_file(str(Path(path) / io["tokenizer"]))
+        except Exception as exc:  # ORT and tokenizers raise their own classes
+            raise PackageError(f"cannot load the generate package {path}: {exc}") from exc
+        self.stop_token_ids = frozenset(int(t) for t in io["stop_token_ids"])
+        self.chat_format: dict[str, Any] | None = io.get("chat_format")
+        self.cache = KVCache(io, capacity=self.context_length)
+        vocab = int(io["vocab_size"])
+        # Preallocated decode inputs/outputs, written in place each step.
+        self._token = np.zeros((1, 1), np.int64)  # input_ids: [1, 1]
+        self._position = np.zeros((1, 1), np.int64)  # position_ids: [1, 1]
+        self._mask = np.ones((1, self.context_length), np.int64)  # attention_mask: [1, C]
+        self._logits = np.zeros((1, 1, vocab), np.float32)  # logits: [1, 1, V]
+        self._decode = self._session.io_binding()
+        self.cache.bind(self._decode)
+        self._decode.bind_cpu_input("input_ids", self._token)
+        self._decode.bind_cpu_input("position_ids", self._position)
+        self._decode.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self._logits))
+        self._prefill = self._session.io_binding()
+        self._prefill.bind_output("logits")  # bound first: output 0 (rebound per prompt)
+        self.cache.bind(self._prefill)
+        self.providers: list[str] = list(self._session.get_providers())
+        # One cache, one sequence at a time: a request holds it until its stream ends (a stream
+        # left unfinished releases it when closed or collected).
+        self._lock = threading.Lock()
+        self.run_seconds = 0.0
+        for _ in range(config.warmup_runs):  # kernel selection and allocations before requests
+            self.prefill([0])  # token 0 exists in every vocabulary
+            self.decode_one_token(0, 1)
+        self.run_seconds = 0.0  # time spent inside onnxruntime, for the bench's overhead figure
+
+    # -- prompt --------------------------------------------------------------------------------
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """The prompt text of ``messages`` under the package's chat template."""
+        if self.chat_format is None:
+            raise InputError("this package has no chat template; pass a plain prompt string")
+        return render_chat(self.chat_format, messages)
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids (a message list goes through the chat template first)."""
+        text = prompt if isinstance(prompt, str) else self.render_chat(prompt)
+        if not text:
+            raise InputError("the prompt is empty")
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` (special tokens dropped)."""
+        return str(self._tok.decode(list(ids)))
+
+    # -- the hot path --------------------------------------------------------------------------
+
+    def _run(self, binding: Any) -> None:
+        started = time.perf_counter()
+        try:
+            self._session.run_with_iobinding(binding)
+        except Exception as exc:  # ORT raises its own pybind classes
+            raise InferenceError(f"onnxruntime failed to run the decoder: {exc}") from exc
+        self.run_seconds += time.perf_counter() - started
+
+    def prefill(self, ids: Sequence[int]) -> np.ndarray:
+        """Run the whole prompt from position 0, fill the cache, return the last logits [V]."""
+        tokens = np.asarray(ids, np.int64)[None]  # input_ids: [1, S]
+        self._prefill.bind_cpu_input("input_ids", tokens)
+        self._prefill.bind_cpu_input("position_ids", np.arange(len(ids), dtype=np.int64)[None])
+        self._prefill.bind_cpu_input("attention_mask", self._mask[:, : len(ids)])
+        self._prefill.bind_output("logits")  # [1, S, V]: ORT allocates it for this prompt
+        self._run(self._prefill)
+        logits: np.ndarray = self._prefill.get_outputs()[0].numpy()  # [1, S, V]
+        last: np.ndarray = logits[0, -1]
+        return last
+
+    def decode_one_token(self, token: int, position: int) -> np.ndarray:
+        """Feed ``token`` at ``position`` (its KV is written in place), return logits [V]."""
+        self._token[0, 0] = token
+        self._position[0, 0] = position
+        self._decode.bind_cpu_input("attention_mask", self._mask[:, : position + 1])
+        self._run(self._decode)
+        row: np.ndarray = self._logits[0, 0]
+        return row
+
+    def tokens(
+        self,
+        ids: Sequence[int],
+        *,
+        max_new_tokens: int,
+        sampling: SamplingConfig,
+        deadline: float | None = None,
+    ) -> Iterator[int]:
+        """Yield generated token ids (eos included) until eos, ``max_new_tokens`` or the
+        ``deadline`` (a ``time.perf_counter()`` value)."""
+        if max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if len(ids) + max_new_tokens > self.context_length:
+            raise ContextLengthExceededError(
+                prompt_tokens=len(ids),
+                max_new_tokens=max_new_tokens,
+                context_length=self.context_length,
+            )
+        sample = Sampler(sampling)
+        token = sample(self.prefill(ids))
+        for position in range(len(ids), len(ids) + max_new_tokens - 1):
+            yield token
+            if token in self.stop_token_ids:
+                return
+            if deadline is not None and time.perf_counter() >= deadline:
+                return
+            token = sample(self.decode_one_token(token, position))
+        yield token
+
+    # -- the public calls ----------------------------------------------------------------------
+
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        sampling: SamplingConfig | None = None,
+        stop: Sequence[str] = (),
+        timeout_s: float | None = None,
+    ) -> Iterator[TextChunk]:
+        """Generate and yield text as it comes (see ``generate`` for the arguments)."""
+        state = _State()
+        with self._lock:
+            yield from self._stream(prompt, max_new_tokens, sampling, stop, timeout_s, state)
+
+    def generate(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        sampling: SamplingConfig | None = None,
+        stop: Sequence[str] = (),
+        timeout_s: float | None = None,
+    ) -> GenerationResult:
+        """Generate a completion of ``prompt`` (a string, or chat messages).
+
+        Args:
+            prompt: text, or ``[{"role": ..., "content": ...}, ...]`` for the chat template.
+            max_new_tokens: the most tokens to generate; prompt + this must fit the context.
+            sampling: greedy by default.
+            stop: strings that end the generation (not included in the text).
+            timeout_s: stop after this many seconds (finish_reason ``deadline``).
+
+        Raises:
+            ContextLengthExceededError: before any work, when the request cannot fit.
+        """
+        state = _State()
+        with self._lock:
+            for _ in self._stream(prompt, max_new_tokens, sampling, stop, timeout_s, state):
+                pass
+        text = self.decode(state.ids)
+        if state.finish == "stop":
+            text = text[: min(i for i in (text.find(s) for s in stop if s) if i >= 0)]
+        return GenerationResult(
+            text=text,
+            token_ids=tuple(state.ids),
+            prompt_tokens=state.prompt_tokens,
+            finish_reason=state.finish,
+            ttft_ms=state.ttft_s * 1e3,
+            decode_tokens_per_s=state.decode_rate(),
+        )
+
+    def _stream(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int,
+        sampling: SamplingConfig | None,
+        stop: Sequence[str],
+        timeout_s: float | None,
+        state: _State,
+    ) -> Iterator[TextChunk]:
+        started = time.perf_counter()
+        stops = [s for s in stop if s]
+        ids = self.encode(prompt)
+        state.prompt_tokens = len(ids)
+        deadline = None if timeout_s is None else started + timeout_s
+        detok = _Detokenizer(self._tok)
+        text, emitted, pending = "", 0, 0
+        state.finish = "length"
+        for token in self.tokens(
+            ids,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling or SamplingConfig(),
+            deadline=deadline,
+        ):
+            state.tick(started)
+            if token in self.stop_token_ids:
+                state.finish = "eos"
+                break
+            state.ids.append(token)
+            pending += 1
+            text += detok.push(token)
+            cut = _first_stop(text, stops, emitted)
+            safe = cut if cut is not None else len(text) - _held_back(text, stops)
+            if safe > emitted:
+                yield TextChunk(text=text[emitted:safe], token_ids=tuple(state.ids[-pending:]))
+                emitted, pending = safe, 0
+            if cut is not None:
+                state.finish = "stop"
+                return
+        else:
+            if deadline is not None and time.perf_counter() >= deadline:
+                state.finish = "deadline"
+        text = self.decode(state.ids)  # the whole text: a trailing partial character included
+        tail = _first_stop(text, stops, emitted)
+        if tail is not None:
+            state.finish = "stop"
+        end = len(text) if tail is None else tail
+        if end > emitted or pending:
+            yield TextChunk(
+                text=text[emitted:end], token_ids=tuple(state.ids[-pending:] if pending else ())
+            )
+
+
+def render_chat(chat_format: Mapping[str, Any], messages: Sequence[Mapping[str, str]]) -> str:
+    """Render ``messages`` with a package's structured ``chat_format`` (the manifest's form of
+    the model's jinja template, checked against it at export) plus the generation prompt."""
+    if not messages:
+        raise InputError("messages must hold at least one message")
+    parts = [str(chat_format["prefix"])]
+    if messages[0].get("role") != "system" and chat_format.get("default_system") is not None:
+        messages = [{"role": "system", "content": chat_format["default_system"]}, *messages]
+    for message in messages:
+        if not isinstance(message.get("content"), str) or not message.get("role"):
+            raise InputError("each message needs a 'role' and a string 'content'")
+        parts.append(_fill(str(chat_format["message"]), message["role"], message["content"]))
+    parts.append(str(chat_format["generation_prompt"]))
+    return "".join(parts)
+
+
+def _fill(pattern: str, role: str, content: str) -> str:
+    """``pattern`` with ``{role}`` and ``{content}`` replaced in one pass (a content holding
+    "{role}" stays as it is)."""
+    fields = {"{role}": role, "{content}": content}
+    return _PLACEHOLDER.sub(lambda m: fields[m.group(0)], pattern)
+
+
+@dataclass
+class _State:
+    """What one generation measured and decided, filled in while it streams."""
+
+    prompt_tokens: int = 0
+    finish: FinishReason = "length"
+    ttft_s: float = 0.0
+    last_s: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.ids: list[int] = []
+
+    def tick(self, started: float) -> None:
+        now = time.perf_counter() - started
+        if self.count == 0:
+            self.ttft_s = now
+        self.last_s = now
+        self.count += 1
+
+    def decode_rate(self) -> float:
+        span = self.last_s - self.ttft_s
+        return (self.count - 1) / span if self.count > 1 and span > 0 else 0.0
+
+
+def _first_stop(text: str, stops: Sequence[str], emitted: int) -> int | None:
+    """Where the earliest stop string starts in ``text`` (searching from what could still
+    hold one), or None."""
+    found = [i for s in stops if (i := text.find(s, max(0, emitted - len(s) + 1))) >= 0]
+    return min(found) if found else None
+
+
+def _held_back(text: str, stops: Sequence[str]) -> int:
+    """How many trailing characters of ``text`` could begin a stop string (kept unsent)."""
+    longest = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), longest, -1):
+            if s.startswith(text[-n:]):
+                longest = n
+                break
+    return longest

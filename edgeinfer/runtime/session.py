@@ -1,0 +1,67 @@
+"""onnxruntime sessions: options chosen on purpose, ORT errors translated at the boundary."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.config import RuntimeConfig
+from edgeinfer.errors import InferenceError, PackageError
+
+__all__ = ["GraphSession", "session_options"]
+
+
+def session_options(config: RuntimeConfig) -> Any:
+    """onnxruntime ``SessionOptions`` for ``config``: threads, spinning and optimization level."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    # Export already ran the transformer fusions; ENABLE_ALL adds the CPU layout transforms.
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = config.intra_op_threads
+    # One graph at a time per request: a second pool would only compete for the same cores.
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if config.spin_wait else "0")
+    so.log_severity_level = 3
+    return so
+
+
+class GraphSession:
+    """One ONNX graph loaded into an onnxruntime ``InferenceSession``.
+
+    Args:
+        path: the ``.onnx`` file.
+        providers: ORT provider names in order (already resolved).
+        config: thread and spin settings.
+    """
+
+    def __init__(self, path: Path, *, providers: list[str], config: RuntimeConfig) -> None:
+        import onnxruntime as ort
+
+        try:
+            self._session = ort.InferenceSession(
+                str(path), sess_options=session_options(config), providers=providers
+            )
+        except Exception as exc:  # ORT raises its own pybind classes, not a public hierarchy
+            raise PackageError(
+                f"onnxruntime could not load {path.name}: {exc}. The file is corrupt or was "
+                "exported for a newer onnxruntime; re-export the package"
+            ) from exc
+        self.input_names = [i.name for i in self._session.get_inputs()]
+        self.output_names = [o.name for o in self._session.get_outputs()]
+        self.providers: list[str] = list(self._session.get_providers())
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Run the graph on ``feeds`` (only the inputs it takes) and return all outputs."""
+        try:
+            return list(
+                self._session.run(self.output_names, {k: feeds[k] for k in self.input_names})
+            )
+        except KeyError as exc:
+            raise InferenceError(f"graph input {exc} was not provided") from exc
+        except Exception as exc:  # ORT raises its own pybind classes, not a public hierarchy
+            raise InferenceError(f"onnxruntime failed to run the graph: {exc}") from exc

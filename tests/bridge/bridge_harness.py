@@ -1,0 +1,143 @@
+"""Bridge test harness: a real MiniLM model, bridges and clients, and helpers.
+
+The REAL mosquitto broker (config, passwords, TLS certificates) lives in tests/mosquitto.py,
+shared with the examples' tests; its names are re-exported here for the bridge tests.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from mosquitto import (
+    LOOPBACK,
+    MOSQUITTO,
+    MOSQUITTO_PASSWD,
+    OPENSSL,
+    Mosquitto,
+    Secure,
+    free_port,
+    make_certificates,
+    require_mosquitto,
+)
+
+import edgeinfer
+from edgeinfer.bridge import Bridge, BridgeConfig, Client, Connection
+
+__all__ = [
+    "LOOPBACK",
+    "MOSQUITTO",
+    "MOSQUITTO_PASSWD",
+    "OPENSSL",
+    "CountingModel",
+    "Harness",
+    "Mosquitto",
+    "Secure",
+    "free_port",
+    "make_certificates",
+    "require_mosquitto",
+    "wait_until",
+]
+
+
+class CountingModel:
+    """A real model that also counts how often each text reached it (thread-safe)."""
+
+    def __init__(self, model: edgeinfer.Model) -> None:
+        self._model = model
+        self.texts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    @property
+    def task(self) -> str:
+        return self._model.task
+
+    @property
+    def manifest(self) -> edgeinfer.Manifest:
+        return self._model.manifest
+
+    @property
+    def model(self) -> edgeinfer.Model:
+        """The real model behind the counter (for expected values that must not count)."""
+        return self._model
+
+    @property
+    def calls(self) -> int:
+        with self._lock:
+            return sum(self.texts.values())
+
+    def embed_with_info(self, texts: Sequence[str], *, truncate: bool = True) -> list[Any]:
+        with self._lock:
+            self.texts.update(texts)
+        return self._model.embed_with_info(texts, truncate=truncate)
+
+    def classify(self, texts: Sequence[str], *, truncate: bool = True) -> list[Any]:
+        with self._lock:
+            self.texts.update(texts)
+        return self._model.classify(texts, truncate=truncate)
+
+
+@dataclass
+class Harness:
+    """Starts bridges and clients against a broker and stops them all at the end."""
+
+    model: edgeinfer.Model
+    bridges: list[Bridge] = field(default_factory=list)
+    clients: list[Client] = field(default_factory=list)
+
+    def bridge(self, server: Mosquitto, *, device_id: str, protocol: str = "5",
+               client_id: str | None = None, start: bool = True, **options: Any,
+               ) -> tuple[Bridge, CountingModel]:
+        counting = CountingModel(self.model)
+        connection = Connection(broker=server.url, client_id=client_id or f"bridge-{device_id}",
+                                protocol=protocol, **_auth(server, options))
+        config = BridgeConfig(connection=connection, device_id=device_id,
+                              metrics_interval_s=options.pop("metrics_interval_s", 0), **options)
+        bridge = Bridge({"minilm": counting}, config=config)
+        self.bridges.append(bridge)
+        if start:
+            bridge.start()
+        return bridge, counting
+
+    def client(self, server: Mosquitto, *, device_id: str, protocol: str = "5",
+               client_id: str | None = None, fmt: str = "json", connect: bool = True,
+               **auth: Any) -> Client:
+        n = len(self.clients)
+        connection = Connection(broker=server.url, protocol=protocol,
+                                client_id=client_id or f"client-{device_id}-{n}",
+                                **_auth(server, auth))
+        client = Client(connection=connection, device_id=device_id, fmt=fmt)
+        self.clients.append(client)
+        return client.connect() if connect else client
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        for bridge in self.bridges:
+            bridge.stop()
+
+
+
+def _auth(server: Mosquitto, options: dict[str, Any]) -> dict[str, Any]:
+    """Credentials and CA for a secure broker (unless the test passes its own)."""
+    auth = {k: options.pop(k) for k in ("username", "password", "tls_ca") if k in options}
+    if server.secure is not None:
+        auth.setdefault("username", server.secure.username)
+        auth.setdefault("password", server.secure.password)
+        auth.setdefault("tls_ca", server.secure.ca)
+    return auth
+
+
+def wait_until(predicate: Callable[[], bool], *, timeout_s: float = 30.0) -> None:
+    """Poll ``predicate`` until it holds; fail the test if it never does (a hang guard only)."""
+    give_up = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > give_up:
+            pytest.fail("condition not reached (hang guard)")
+        time.sleep(0.01)
+

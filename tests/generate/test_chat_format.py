@@ -1,0 +1,37 @@
+"""The export turns a jinja chat template into the runtime's structured form, or refuses."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.errors import ConversionError
+from edgeinfer.export.lm import chat_format
+from edgeinfer.runtime.generate import render_chat
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from build_tiny_decoder import CHAT_TEMPLATE
+
+sys.path.pop(0)
+
+
+def test_chatml_template_becomes_a_pattern_with_default_system() -> None:
+    fmt = chat_format(CHAT_TEMPLATE)
+    assert fmt["message"] == "<|im_start|>{role}\n{content}<|im_end|>\n"
+    assert fmt["default_system"] == "You are a tiny test model"
+    assert fmt["generation_prompt"] == "<|im_start|>assistant\n"
+    text = render_chat(
+        fmt, [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "x"}]
+    )
+    assert text.startswith("<|im_start|>system\nBe brief<|im_end|>\n")
+
+
+def test_role_dependent_template_is_refused() -> None:
+    llama2_style = (
+        "{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+        "{% else %}{{ m['content'] }}{% endif %}{% endfor %}"
+    )
+    with pytest.raises(ConversionError):
+        chat_format(llama2_style)

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Set up if needed, then run the whole test suite (slow tests included). Extra args go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./tools/setup.sh
+exec .venv/bin/python -m pytest "$@"
