@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
 from edgeinfer.bench.runner import BenchResult
 
-__all__ = ["plot", "table"]
+__all__ = ["generation_plot", "generation_table", "plot", "table"]
 
 
 def table(result: BenchResult) -> Table:
@@ -66,6 +67,73 @@ def plot(result: BenchResult, path: Path) -> None:
         f"edgeinfer bench: batch {result.config.batch}, seq {result.seq_len} tokens, "
         f"{result.config.thread_count} threads"
     )
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def generation_table(result: dict[str, Any]) -> Table:
+    """A rich table of a generation bench: one row per package, then the PyTorch baseline."""
+    out = Table(
+        title=(
+            f"batch 1 · {result['tokens']} decode tokens · {result['threads']} threads · "
+            f"read bandwidth {result['read_bandwidth_gbs']} GB/s"
+        ),
+    )
+    for column in (
+        "candidate",
+        "TTFT ms",
+        "tok/s",
+        "inter-token p50/p95/p99 ms",
+        "overhead µs/tok",
+        "roofline tok/s",
+        "of roofline",
+        "vs PyTorch",
+    ):
+        out.add_column(column, justify="left" if column == "candidate" else "right")
+    for row in result["packages"]:
+        p = row["inter_token_ms"]
+        speed = row.get("speedup_vs_torch")
+        out.add_row(
+            f"{Path(row['package']).name} ({row['precision']})",
+            f"{row['ttft_ms']:.1f}",
+            f"{row['decode_tokens_per_s']:.1f}",
+            f"{p['p50']}/{p['p95']}/{p['p99']}",
+            f"{row['python_overhead_us_per_token']:.0f}",
+            f"{row['roofline_tokens_per_s']:.1f}",
+            f"{row['roofline_fraction']:.0%}",
+            f"{speed:.2f}x" if speed is not None else "—",
+        )
+    if "torch" in result:
+        t = result["torch"]
+        out.add_row(
+            t["baseline"],
+            f"{t['ttft_ms']:.1f}",
+            f"{t['decode_tokens_per_s']:.1f}",
+            "—",
+            "—",
+            "—",
+            "—",
+            "1.00x",
+        )
+    return out
+
+
+def generation_plot(result: dict[str, Any], path: Path) -> None:
+    """Save a box plot of each package's inter-token latency to ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["packages"]
+    labels = [f"{Path(r['package']).name} ({r['precision']})" for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.6 * len(rows)))
+    ax.boxplot([r["inter_token_samples_ms"] for r in rows], vert=False, whis=(1, 99))
+    ax.set_yticks(range(1, len(labels) + 1), labels)
+    ax.set_xlabel("inter-token latency (ms); whiskers at p1 and p99")
+    ax.set_title(f"edgeinfer bench: {result['tokens']} tokens, {result['threads']} threads")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -26,6 +26,7 @@ def bench(
     batch: Annotated[int, typer.Option(help="texts per request")] = 1,
     threads: Annotated[int | None, typer.Option(help="threads for every candidate")] = None,
     rounds: Annotated[int, typer.Option(help="interleaved blocks per candidate")] = 5,
+    tokens: Annotated[int, typer.Option(help="decode tokens (generate packages)")] = 64,
     min_speedup: Annotated[
         float | None, typer.Option(help="exit 1 if the p50 speedup over any baseline is lower")
     ] = None,
@@ -41,6 +42,12 @@ def bench(
         runs=runs, warmup=warmup, seq_len=seq_len, batch=batch, threads=threads, rounds=rounds
     )
     manifest = Manifest.read(package)
+    if manifest.task == "generate":
+        speedups = _bench_generate(
+            package, baseline or [], config.thread_count, tokens, plot=plot, json_output=json_output
+        )
+        _check_budget(speedups, min_speedup)
+        return
     subject = Candidate(f"{package.name} ({manifest.precision})", "package", package)
     baselines = []
     for name in baseline or []:
@@ -61,11 +68,55 @@ def bench(
         console.print(report.table(result), soft_wrap=True)
         if plot is not None:
             console.print(f"plot written to {plot}")
-    if min_speedup is not None:
-        slow = {k: v for k, v in result.speedups.items() if v < min_speedup}
-        if slow:
-            console.print(
-                f"[red]speedup below {min_speedup}x[/]: "
-                + ", ".join(f"{k} {v:.2f}x" for k, v in slow.items())
-            )
-            raise typer.Exit(EXIT_CHECK_FAILED)
+    _check_budget(result.speedups, min_speedup)
+
+
+def _check_budget(speedups: dict[str, float], min_speedup: float | None) -> None:
+    """Exit 1 when the subject is less than ``min_speedup`` times faster than a baseline."""
+    if min_speedup is None:
+        return
+    slow = {k: v for k, v in speedups.items() if v < min_speedup}
+    if slow:
+        console.print(
+            f"[red]speedup below {min_speedup}x[/]: "
+            + ", ".join(f"{k} {v:.2f}x" for k, v in slow.items())
+        )
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def _bench_generate(
+    package: Path,
+    baselines: list[str],
+    threads: int,
+    tokens: int,
+    *,
+    plot: Path | None,
+    json_output: bool,
+) -> dict[str, float]:
+    """Decode speed of a generate package (and of package/PyTorch baselines); returns the
+    subject's tokens/s speedup over each baseline."""
+    from edgeinfer.bench import generation, report
+
+    others = [Path(name) for name in baselines if name != "torch"]
+    torch_source = generation.source_spec(package) if "torch" in baselines else None
+    with console.status(f"benchmarking generation of {package.name} …"):
+        result = generation.run_generation_bench(
+            [package, *others], threads=threads, tokens=tokens, torch_source=torch_source
+        )
+    if plot is not None:
+        report.generation_plot(result, plot)
+    rows = result["packages"]
+    subject_rate = rows[0]["decode_tokens_per_s"]
+    speedups = {
+        f"{Path(r['package']).name} ({r['precision']})": subject_rate / r["decode_tokens_per_s"]
+        for r in rows[1:]
+    }
+    if "torch" in result:
+        speedups[result["torch"]["baseline"]] = rows[0]["speedup_vs_torch"]
+    if json_output:
+        for row in rows:
+            row.pop("inter_token_samples_ms")
+        print_json({**result, "speedup_tokens_per_s": speedups})
+    else:
+        console.print(report.generation_table(result), soft_wrap=True)
+    return speedups
