@@ -11,17 +11,17 @@ It starts its own mosquitto (a generated config, a free 127.0.0.1 port, TCP_NODE
    de-dup store without the worker hop or compute: the floor of the MQTT path; and
    ``handoff_queue_ms``: the reply's ``queue_ms`` (requests are sequential, so the queue is empty
    and this is the paho thread -> worker hand-off alone).
-2. **answers without compute**: the runtime here has no result cache, so this measures the
-   bridge's own de-duplication store: the same request id re-sent, answered from the store
-   without running the model (pipelined, several connections). If the runtime reports
-   ``cached: true`` anywhere, the load phase counts it.
+2. **answers without compute**: ``replay`` re-sends one request id, answered from the bridge's
+   de-duplication store; ``cached`` (with ``--cache``) sends new ids with a text already
+   answered, so each goes through the queue and a worker and is answered by the runtime's
+   result cache without running the model (pipelined, several connections).
 3. **load**: N closed-loop clients for D seconds (default 50 for 60 s) with a 1 s deadline each;
    the bridge's RSS and queue depth are sampled every second; it stops by itself.
 
 Usage::
 
     python benchmarks/mqtt_roundtrip.py --package PKG [--requests 2000] [--clients 50]
-        [--seconds 60] [--json out.json] [--phases overhead,replay,load]
+        [--seconds 60] [--json out.json] [--phases overhead,replay,cached,load] [--cache]
 
 Without ``--package`` it exports MiniLM int8 to a temporary folder first (needs the export extra).
 """
@@ -108,7 +108,7 @@ def mosquitto(workdir: Path) -> Iterator[str]:
 
 @contextmanager
 def bridge(
-    package: Path, broker: str, max_queue: int, threads: int
+    package: Path, broker: str, max_queue: int, threads: int, cache_dir: Path | None
 ) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(
         [
@@ -129,6 +129,7 @@ def bridge(
             "1",
             "--threads",
             str(threads),
+            *(["--cache", "--cache-dir", str(cache_dir)] if cache_dir else []),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -208,10 +209,16 @@ def _replay_worker(
     ready: Any,
     go: Any,
     results: Any,
+    unique_ids: bool = False,
 ) -> None:
-    """One load-generating process: ``requests`` re-sends of one finished id, ``window`` deep."""
-    payload = proto.encode({"id": "replayed", "text": "answered once, replayed after"}, fmt=fmt)
+    """One load-generating process, ``window`` deep: ``requests`` re-sends of one finished id,
+    or (``unique_ids``) new ids with a text already answered, for the result cache."""
     content_type = proto.CONTENT_MSGPACK if fmt == "msgpack" else None
+
+    def payload_for(i: int) -> bytes:
+        request_id = f"cached-{index}-{i}" if unique_ids else "replayed"
+        return proto.encode({"id": request_id, "text": "answered once, replayed after"}, fmt=fmt)
+
     codes: Counter[str] = Counter()
     with client(broker, f"bench-replay-{index}", fmt) as c:
         ready.release()
@@ -220,7 +227,9 @@ def _replay_worker(
         for i in range(requests + window):
             if i < requests:
                 inflight.append(
-                    c.send_raw(model, payload, content_type=content_type, attempt_timeout_s=60)
+                    c.send_raw(
+                        model, payload_for(i), content_type=content_type, attempt_timeout_s=60
+                    )
                 )
             if inflight and (len(inflight) >= window or i >= requests):
                 reply = inflight.pop(0).result(60)
@@ -229,9 +238,17 @@ def _replay_worker(
 
 
 def phase_replay(
-    broker: str, model: str, requests: int, fmt: str, processes: int = 2, window: int = 64
+    broker: str,
+    model: str,
+    requests: int,
+    fmt: str,
+    processes: int = 2,
+    window: int = 64,
+    unique_ids: bool = False,
 ) -> dict[str, Any]:
-    """Answers from the bridge's de-dup store (no compute), from several client processes."""
+    """Answers without compute from several client processes: from the bridge's de-dup store
+    (one id re-sent), or with ``unique_ids`` from the runtime's result cache (new ids, one
+    text: each still goes through the queue and a worker)."""
     payload = proto.encode({"id": "replayed", "text": "answered once, replayed after"}, fmt=fmt)
     content_type = proto.CONTENT_MSGPACK if fmt == "msgpack" else None
     with client(broker, "bench-replay-first", fmt) as first:  # the one computed answer
@@ -242,7 +259,7 @@ def phase_replay(
     procs = [
         ctx.Process(
             target=_replay_worker,
-            args=(broker, model, per_process, window, fmt, i, ready, go, results),
+            args=(broker, model, per_process, window, fmt, i, ready, go, results, unique_ids),
         )
         for i in range(processes)
     ]
@@ -360,7 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bridge-threads", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--phases", default="overhead,replay,load",
-                        help="comma-separated subset of overhead,replay,load")
+                        help="comma-separated subset of overhead,replay,cached,load")
+    parser.add_argument("--cache", action="store_true",
+                        help="serve with the result cache (needed by the cached phase)")
     args = parser.parse_args(argv)
 
     formats = ["json"] + (["msgpack"] if msgpack_available() else [])
@@ -374,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         model = package.resolve().name
         with (
             mosquitto(Path(tmp)) as broker,
-            bridge(package, broker, args.max_queue, args.bridge_threads) as proc,
+            bridge(package, broker, args.max_queue, args.bridge_threads,
+                   Path(tmp) / "cache" if args.cache else None) as proc,
         ):
             phases = set(args.phases.split(","))
             results: dict[str, Any] = {
@@ -387,6 +407,10 @@ def main(argv: list[str] | None = None) -> int:
                 ]
             if "replay" in phases:
                 results["store_replay"] = phase_replay(broker, model, args.requests, formats[-1])
+            if "cached" in phases:
+                results["result_cache"] = phase_replay(
+                    broker, model, args.requests, formats[-1], unique_ids=True
+                )
             if "load" in phases:
                 results["load"] = phase_load(broker, model, proc.pid, args.clients, args.seconds)
     print(json.dumps(results, indent=2))

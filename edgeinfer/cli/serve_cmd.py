@@ -61,6 +61,12 @@ def serve(
         float, typer.Option(help="seconds between metrics messages (0: none)")
     ] = 10.0,
     threads: Annotated[int | None, typer.Option(help="intra-op threads per model")] = None,
+    cache: Annotated[
+        bool, typer.Option(help="answer repeated requests from the result cache (memory + SQLite)")
+    ] = False,
+    cache_dir: Annotated[
+        Path | None, typer.Option(help="where the persistent cache lives (default: per user)")
+    ] = None,
 ) -> None:
     """Serve model packages to MQTT devices: request/response with deadlines."""
     import edgeinfer
@@ -83,8 +89,9 @@ def serve(
         raise ConfigError(f"two packages share a folder name (the topic level): {names}")
     # Several spinning sessions in one process fight for the cores: spin only with one model.
     runtime = edgeinfer.RuntimeConfig(spin_wait=len(packages) == 1)
+    cache_config = edgeinfer.CacheConfig(directory=cache_dir) if cache else None
     models: dict[str, Any] = {
-        name: edgeinfer.load(path, threads=threads, config=runtime)
+        name: edgeinfer.load(path, threads=threads, config=runtime, cache=cache_config)
         for name, path in zip(names, packages, strict=True)
     }
     stop = threading.Event()

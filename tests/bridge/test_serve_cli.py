@@ -22,7 +22,8 @@ def test_serve_command_round_trip_and_clean_stop(broker: Mosquitto, minilm_int8:
         proc = subprocess.Popen(
             [sys.executable, "-m", "edgeinfer", "serve", str(minilm_int8),
              "--broker", broker.url, "--device-id", "cli", "--client-id", "cli-bridge",
-             "--max-queue", "8", "--metrics-interval-s", "0.5", "--threads", "1"],
+             "--max-queue", "8", "--metrics-interval-s", "0.5", "--threads", "1",
+             "--cache", "--cache-dir", str(tmp_path / "cache")],
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )
         try:
@@ -36,6 +37,9 @@ def test_serve_command_round_trip_and_clean_stop(broker: Mosquitto, minilm_int8:
                                    attempt_timeout_s=1.0, retries=120, backoff=1.0)
             assert reply["ok"] and reply["model"] == minilm_int8.name
             assert len(reply["result"][0]) == 384
+            again = client.request(minilm_int8.name, text="from the command line")  # new id
+            assert again["cached"] is True and again["result"] == reply["result"]
+            assert list((tmp_path / "cache").iterdir())  # the persistent store was written
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0
         finally:
