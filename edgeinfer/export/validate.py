@@ -112,17 +112,24 @@ def load_candidate(folder: Path, threads: int | None) -> Model:
 
 
 def median_latency_ms(
-    models: dict[str, Model], texts: Sequence[str], *, rounds: int = 5, runs: int = 10
+    models: dict[str, Model], texts: Sequence[str], *, rounds: int = 15
 ) -> dict[str, float]:
-    """Median latency of one text at a time over ``texts`` for each model, measured in
-    alternating blocks so that machine noise hits every model alike."""
-    samples: dict[str, list[float]] = {name: [] for name in models}
+    """For each model, the sum over ``texts`` of each text's median latency (one text per run).
+
+    The models take turns run by run (A B A B ...), so that noise from other processes on a
+    shared machine hits every model alike; medians per text, then summed, so that short and
+    long texts both count (a median over a mix of lengths would pick one length or the other).
+    """
+    samples: dict[str, list[list[float]]] = {name: [[] for _ in texts] for name in models}
+    for model in models.values():
+        run_model(model, [texts[0]])  # first-run allocations stay out of the samples
     for _ in range(rounds):
-        for name, model in models.items():
-            run_model(model, texts[:1])
-            for i in range(runs):
-                text = texts[i % len(texts)]
+        for index, text in enumerate(texts):
+            for name, model in models.items():
                 started = time.perf_counter()
                 run_model(model, [text])
-                samples[name].append((time.perf_counter() - started) * 1e3)
-    return {name: float(np.median(values)) for name, values in samples.items()}
+                samples[name][index].append((time.perf_counter() - started) * 1e3)
+    return {
+        name: float(sum(np.median(per_text) for per_text in values))
+        for name, values in samples.items()
+    }
