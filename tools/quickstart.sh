@@ -19,7 +19,7 @@ for variant in fp32:none int8:int8; do
   fi
 done
 
-.venv/bin/python examples/semantic_search.py --package pkg/minilm-int8 --top 2
+.venv/bin/python examples/semantic_search.py --package pkg/minilm-int8
 
 for seq in 32 128; do
   $ei bench pkg/minilm-int8 --baseline pkg/minilm-fp32 --baseline torch --seq-len "$seq" \
