@@ -51,6 +51,13 @@ def export(
     ] = False,
     overwrite: Annotated[bool, typer.Option(help="replace an existing package at OUT")] = False,
     threads: Annotated[int | None, typer.Option(help="threads for the latency check")] = None,
+    early_exit: Annotated[
+        bool, typer.Option(help="classify: exit heads + segments (docs/early_exit.md)")
+    ] = False,
+    exit_every: Annotated[int, typer.Option(help="early exit: a head every K layers")] = 2,
+    train_data: Annotated[
+        str | None, typer.Option(help="early exit: labelled data for the heads (bbc)")
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Convert, optimize, quantize and accuracy-check a model into a package."""
@@ -71,6 +78,9 @@ def export(
         force_quantize=force_quantize,
         overwrite=overwrite,
         threads=threads,
+        early_exit=early_exit,
+        exit_every=exit_every,
+        train_data=train_data,
     )
 
     def progress(stage: str, seconds: float) -> None:
@@ -85,6 +95,9 @@ def export(
         raise
     if json_output:
         print_json(report.to_dict())
+        return
+    if early_exit:
+        console.print(f"wrote [bold]{out}[/]: {report.chosen} segments with exit heads")
         return
     chosen = report.variants[report.chosen or "fp32"]
     acc = chosen["accuracy"]

@@ -16,6 +16,7 @@ from edgeinfer.config import BatchConfig, CacheConfig, RuntimeConfig, SamplingCo
 from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.batching import DynamicBatcher, pad_rows
+from edgeinfer.runtime.early_exit import SegmentRunner, validate_threshold
 from edgeinfer.runtime.generate import GenerationResult, Generator, Prompt, TextChunk
 from edgeinfer.runtime.metrics import Metrics, MetricsSnapshot
 from edgeinfer.runtime.result_cache import ResultCache
@@ -110,10 +111,16 @@ class Model:
             return
         io = manifest.io
         requested = config.providers or tuple(manifest.providers)
-        self._session = GraphSession(
-            path / io["graph"], providers=eps.resolve(requested), config=config
-        )
-        self.providers = self._session.providers
+        # An early-exit package runs its segments (runtime/early_exit.py) instead of one graph.
+        self._exits: SegmentRunner | None = None
+        if manifest.early_exit is not None:
+            self._exits = SegmentRunner(path, manifest, providers=requested, config=config)
+            self.providers = self._exits.providers
+        else:
+            self._session = GraphSession(
+                path / io["graph"], providers=eps.resolve(requested), config=config
+            )
+            self.providers = self._session.providers
         dtype = np.dtype(_DTYPES[io["inputs"][0]["dtype"]])
         self._tokenizer = TextTokenizer(
             path / io["tokenizer"],
@@ -161,7 +168,12 @@ class Model:
     # -- the hot path: validate -> tokenize -> cache lookup -> run the misses -> store -> metrics
 
     def _answer(
-        self, texts: str | Sequence[str], *, batch_size: int, truncate: bool
+        self,
+        texts: str | Sequence[str],
+        *,
+        batch_size: int,
+        truncate: bool,
+        exit_threshold: float | None = None,
     ) -> list[_Answer]:
         started = time.perf_counter()
         items = validate_texts(texts, batch_size=batch_size)
@@ -170,7 +182,9 @@ class Model:
         found = self._lookup(items, rows)
         misses = [i for i, answer in enumerate(found.answers) if answer is None]
         if misses:
-            computed = self._compute([rows[i] for i in misses], batch_size=batch_size)
+            computed = self._compute(
+                [rows[i] for i in misses], batch_size=batch_size, exit_threshold=exit_threshold
+            )
             for i, answer in zip(misses, computed, strict=True):
                 found.answers[i] = answer
             self._store(found, misses)
@@ -206,7 +220,9 @@ class Model:
                     found.hits["semantic"] = found.hits.get("semantic", 0) + 1
         return found
 
-    def _compute(self, rows: list[np.ndarray], *, batch_size: int) -> list[_Answer]:
+    def _compute(
+        self, rows: list[np.ndarray], *, batch_size: int, exit_threshold: float | None = None
+    ) -> list[_Answer]:
         """Run the graph for ``rows``: through the dynamic batcher, or here in length order."""
         if self._batcher is not None:
             return [
@@ -218,15 +234,19 @@ class Model:
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
             began = time.perf_counter()
-            values = self._run_rows([rows[i] for i in chunk])
+            values = self._run_rows([rows[i] for i in chunk], exit_threshold=exit_threshold)
             compute_ms = (time.perf_counter() - began) * 1e3
             for i, value in zip(chunk, values, strict=True):
                 answers[i] = _Answer(value, compute_ms=compute_ms)
         return [a for a in answers if a is not None]
 
-    def _run_rows(self, rows: list[np.ndarray]) -> list[Value]:
+    def _run_rows(
+        self, rows: list[np.ndarray], *, exit_threshold: float | None = None
+    ) -> list[Value]:
         """Pad rows into one batch, run the graph, apply the task head: one value per row."""
         input_ids, attention_mask = pad_rows(rows, pad_id=self._tokenizer.pad_id)  # [B, S]
+        if self._exits is not None:
+            return list(self._exits.classify(input_ids, attention_mask, threshold=exit_threshold))
         feeds = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -311,11 +331,21 @@ class Model:
         *,
         batch_size: int = DEFAULT_BATCH_SIZE,
         truncate: bool = True,
+        exit_threshold: float | None = None,
     ) -> list[ClassificationResult]:
         """Classify texts; one ``ClassificationResult`` per text, in input order (its
-        ``cached``, ``queue_ms`` and ``compute_ms`` say where the answer came from)."""
+        ``cached``, ``queue_ms`` and ``compute_ms`` say where the answer came from).
+
+        On an early-exit package a text is answered by the first exit head whose max softmax
+        probability is >= ``exit_threshold`` (default: the one calibrated at export; 0: the
+        first head, > 1: the full depth) and ``exit_layer`` names that head's layer.
+        """
         self._require("classify")
-        answers = self._answer(texts, batch_size=batch_size, truncate=truncate)
+        if exit_threshold is not None:
+            self._check_exit_threshold(exit_threshold)
+        answers = self._answer(
+            texts, batch_size=batch_size, truncate=truncate, exit_threshold=exit_threshold
+        )
         return [
             replace(a.value, cached=a.cached, queue_ms=a.queue_ms, compute_ms=a.compute_ms)
             for a in answers
@@ -394,6 +424,16 @@ class Model:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def _check_exit_threshold(self, threshold: float) -> None:
+        validate_threshold(threshold)
+        if self._exits is None:
+            raise ConfigError(f"{self.path.name} has no exit heads; drop exit_threshold")
+        if self._cache is not None or self._batcher is not None:
+            raise ConfigError(
+                "exit_threshold is per call, but cached and batched answers use the package's "
+                "default threshold; load without cache/batching to choose another"
+            )
 
     def _require(self, task: str) -> None:
         if self.manifest.task != task:
