@@ -60,7 +60,7 @@ def plot(result: BenchResult, path: Path) -> None:
 
     labels = [r.label for r in result.results]
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.6 * len(labels)))
-    ax.boxplot([r.latencies_ms for r in result.results], vert=False, showfliers=True, whis=(1, 99))
+    ax.boxplot([r.latencies_ms for r in result.results], orientation="horizontal", showfliers=True, whis=(1, 99))
     ax.set_yticks(range(1, len(labels) + 1), labels)
     ax.set_xlabel("latency per request (ms); whiskers at p1 and p99")
     ax.set_title(
@@ -130,7 +130,7 @@ def generation_plot(result: dict[str, Any], path: Path) -> None:
     rows = result["packages"]
     labels = [f"{Path(r['package']).name} ({r['precision']})" for r in rows]
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.6 * len(rows)))
-    ax.boxplot([r["inter_token_samples_ms"] for r in rows], vert=False, whis=(1, 99))
+    ax.boxplot([r["inter_token_samples_ms"] for r in rows], orientation="horizontal", whis=(1, 99))
     ax.set_yticks(range(1, len(labels) + 1), labels)
     ax.set_xlabel("inter-token latency (ms); whiskers at p1 and p99")
     ax.set_title(f"edgeinfer bench: {result['tokens']} tokens, {result['threads']} threads")
