@@ -60,7 +60,12 @@ def plot(result: BenchResult, path: Path) -> None:
 
     labels = [r.label for r in result.results]
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.6 * len(labels)))
-    ax.boxplot([r.latencies_ms for r in result.results], orientation="horizontal", showfliers=True, whis=(1, 99))
+    ax.boxplot(
+        [r.latencies_ms for r in result.results],
+        orientation="horizontal",
+        showfliers=True,
+        whis=(1, 99),
+    )
     ax.set_yticks(range(1, len(labels) + 1), labels)
     ax.set_xlabel("latency per request (ms); whiskers at p1 and p99")
     ax.set_title(

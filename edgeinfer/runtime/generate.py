@@ -165,6 +165,11 @@ class Generator:
         # One cache, one sequence at a time: a request holds it until its stream ends (a stream
         # left unfinished releases it when closed or collected).
         self._lock = threading.Lock()
+        # Prefix KV cache: the ids whose keys/values the cache holds at positions 0..n-1. A
+        # prompt that starts with them (a fixed system prompt, a chat's earlier turns) prefills
+        # only the rest; the keys/values of position p depend on tokens 0..p alone.
+        self._cached_ids: list[int] = []
+        self.prefix_reused = 0  # tokens the last prefill took from the cache
         self.run_seconds = 0.0
         for _ in range(config.warmup_runs):  # kernel selection and allocations before requests
             self.prefill([0])  # token 0 exists in every vocabulary
@@ -201,14 +206,23 @@ class Generator:
         self.run_seconds += time.perf_counter() - started
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
-        """Run the whole prompt from position 0, fill the cache, return the last logits [V]."""
-        tokens = np.asarray(ids, np.int64)[None]  # input_ids: [1, S]
+        """Fill the cache with the prompt and return its last logits [V]. The longest prefix
+        already in the cache is reused (at least the last token is always run: its logits)."""
+        reuse = 0
+        for cached, new in zip(self._cached_ids, ids[:-1], strict=False):
+            if cached != new:
+                break
+            reuse += 1
+        tokens = np.asarray(ids[reuse:], np.int64)[None]  # input_ids: [1, S - reuse]
+        positions = np.arange(reuse, len(ids), dtype=np.int64)[None]  # position_ids
         self._prefill.bind_cpu_input("input_ids", tokens)
-        self._prefill.bind_cpu_input("position_ids", np.arange(len(ids), dtype=np.int64)[None])
+        self._prefill.bind_cpu_input("position_ids", positions)
         self._prefill.bind_cpu_input("attention_mask", self._mask[:, : len(ids)])
         self._prefill.bind_output("logits")  # [1, S, V]: ORT allocates it for this prompt
+        self._cached_ids = []  # a failed run leaves the cache undefined
         self._run(self._prefill)
-        logits: np.ndarray = self._prefill.get_outputs()[0].numpy()  # [1, S, V]
+        self._cached_ids, self.prefix_reused = list(ids), reuse
+        logits: np.ndarray = self._prefill.get_outputs()[0].numpy()  # [1, S - reuse, V]
         last: np.ndarray = logits[0, -1]
         return last
 
@@ -217,7 +231,9 @@ class Generator:
         self._token[0, 0] = token
         self._position[0, 0] = position
         self._decode.bind_cpu_input("attention_mask", self._mask[:, : position + 1])
+        del self._cached_ids[position:]
         self._run(self._decode)
+        self._cached_ids.append(token)
         row: np.ndarray = self._logits[0, 0]
         return row
 

@@ -205,3 +205,29 @@ def test_load_serves_generation_through_the_model_facade(tiny_package: Path) -> 
         model.embed("not an encoder")
     with pytest.raises(ConfigError, match="generate package without them"):
         edgeinfer.load(tiny_package, cache=edgeinfer.CacheConfig(persist=False))
+
+
+def test_prefix_kv_cache_reuses_a_shared_prompt_prefix(tiny: Generator, tiny_package: Path) -> None:
+    """A prompt that starts with the ids already in the cache prefills only the rest, and
+    gives exactly what a fresh generator gives; a different prompt reuses nothing."""
+    fresh = Generator(
+        tiny_package,
+        Manifest.read(tiny_package),
+        config=RuntimeConfig(threads=1),
+        context_length=128,
+    )
+    system = tiny.encode("You are a terse assistant on a factory floor. Answer in one line.")
+    first = system + tiny.encode(" Where is valve seven?")
+    second = system + tiny.encode(" Is line three running?")
+    tiny.prefill(first)
+    assert tiny.prefix_reused == 0 or tiny.prefix_reused < len(system)
+    reused = tiny.prefill(second).copy()
+    common = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    assert tiny.prefix_reused == common >= len(system) - 1
+    np.testing.assert_allclose(reused, fresh.prefill(second), atol=1e-5)
+    # Greedy tokens after the shared prefix equal a fresh generator's.
+    prompt = tiny.decode(second)
+    again = tiny.generate(prompt, max_new_tokens=12)
+    assert again.text == fresh.generate(prompt, max_new_tokens=12).text
+    tiny.prefill(tiny.encode("Completely different words"))
+    assert tiny.prefix_reused == 0
