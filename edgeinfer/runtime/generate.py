@@ -226,6 +226,10 @@ class Generator:
         last: np.ndarray = logits[0, -1]
         return last
 
+    def forget_prefix(self) -> None:
+        """Make the next prefill start from position 0 (a cold time to first token)."""
+        self._cached_ids = []
+
     def decode_one_token(self, token: int, position: int) -> np.ndarray:
         """Feed ``token`` at ``position`` (its KV is written in place), return logits [V]."""
         self._token[0, 0] = token

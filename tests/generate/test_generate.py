@@ -231,3 +231,6 @@ def test_prefix_kv_cache_reuses_a_shared_prompt_prefix(tiny: Generator, tiny_pac
     assert again.text == fresh.generate(prompt, max_new_tokens=12).text
     tiny.prefill(tiny.encode("Completely different words"))
     assert tiny.prefix_reused == 0
+    tiny.forget_prefix()
+    np.testing.assert_allclose(tiny.prefill(second), fresh.prefill(second), atol=1e-5)
+    assert tiny.prefix_reused == 0
