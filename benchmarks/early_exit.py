@@ -1,7 +1,12 @@
-"""Early exit on held-out BBC News: mean latency and accuracy at the default threshold vs the
-full depth, for both input variants (headline + first sentence; full text cut to 128 tokens).
+"""Early exit on held-out data: mean latency and accuracy at the default exit rule vs the full
+depth. Text: BBC News on MiniLM, both input variants (headline + first sentence; full text cut
+to 128 tokens). Vision (``--model mnist-cnn``): the MNIST CNN with an exit per conv block.
 
-    .venv/bin/python benchmarks/early_exit.py --out /tmp/ee-bench [--articles N] [--json F]
+    .venv/bin/python benchmarks/early_exit.py --out pkg/ee-bench [--articles N] [--json F]
+    .venv/bin/python benchmarks/early_exit.py --model mnist-cnn --out ee-cnn [--threads 1] [--json F]
+
+The vision run is ``edgeinfer bench PKG --early-exit-curve`` (edgeinfer/bench/early_exit_curve.py)
+on a package this script builds; the text run is described below.
 
 Builds (or reuses) an early-exit MiniLM package through the real export (heads trained on the
 train split, threshold chosen on the validation split), then measures on the test split, which
@@ -37,15 +42,16 @@ def build(args: argparse.Namespace) -> Path:
     if out.exists() and not args.rebuild:
         Manifest.read(out).verify(out)
         return out
+    vision = args.model == "mnist-cnn"
     export(
         ExportOptions(
-            source="minilm",
+            source=args.model,
             out=out,
             task="classify",
-            quantize=args.quantize,
+            quantize="none" if vision else args.quantize,
             early_exit=True,
             exit_every=args.exit_every,
-            train_data="bbc",
+            train_data="mnist" if vision else "bbc",
             early_exit_articles=args.articles,
             max_accuracy_loss=args.max_accuracy_loss,
             overwrite=True,
@@ -101,9 +107,31 @@ def policies(model: edgeinfer.Model, split: LabelledSplit, tau: float) -> dict[s
     return {f"{policy}_ms_per_batch": float(np.mean(v)) for policy, v in out.items()}
 
 
+def vision(package: Path, args: argparse.Namespace) -> int:
+    """The CNN: the early-exit curve on the held-out images, default vs full depth measured."""
+    from edgeinfer.bench.early_exit_curve import run_curve
+
+    result = run_curve(package, threads=args.threads, limit=args.articles)
+    spec = Manifest.read(package).early_exit or {}
+    result["validation_default"] = spec["default"]
+    result["validation_full_depth"] = spec["full_depth"]
+    print(json.dumps({k: v for k, v in result.items() if k != "curves"}, indent=2))
+    m = result["measured"]
+    print(
+        f"mnist-cnn n={m['inputs']} {result['policy']} {result['threshold']:g}: accuracy "
+        f"{m['accuracy']:.4f} vs {m['full_accuracy']:.4f} full (drop "
+        f"{m['accuracy_drop_points']:.2f} points), mean latency {m['mean_ms']:.3f} ms vs "
+        f"{m['full_mean_ms']:.3f} ms ({m['speedup']:.2f}x), mean blocks {m['mean_layers']:.2f}"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="/tmp/edgeinfer-early-exit-bench", help="package folder")
+    parser.add_argument("--model", choices=["minilm", "mnist-cnn"], default="minilm")
+    parser.add_argument("--out", default="pkg/early-exit-bench", help="package folder")
     parser.add_argument("--articles", type=int, default=None, help="articles per split (all)")
     parser.add_argument("--exit-every", type=int, default=2)
     parser.add_argument("--quantize", choices=["none", "int8"], default="int8")
@@ -114,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     package = build(args)
+    if args.model == "mnist-cnn":
+        return vision(package, args)
     manifest = Manifest.read(package)
     spec = manifest.early_exit or {}
     tau = float(spec["threshold"])

@@ -17,6 +17,7 @@ __all__ = [
     "TARGETS",
     "BatchConfig",
     "CacheConfig",
+    "PrefixCacheConfig",
     "QuantConfig",
     "QuantMode",
     "RuntimeConfig",
@@ -25,7 +26,8 @@ __all__ = [
     "default_cache_dir",
 ]
 
-QuantMode = Literal["none", "int8", "int8-static"]
+QuantMode = Literal["none", "int8", "int8-static", "fp16"]
+QUANT_MODES: tuple[str, ...] = ("none", "int8", "int8-static", "fp16")
 CalibrationMethod = Literal["minmax", "entropy", "percentile"]
 
 
@@ -136,6 +138,30 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class PrefixCacheConfig:
+    """The on-disk prefix KV cache of a ``generate`` package: a system prompt's keys and values
+    survive a restart, so the first request after it prefills only the new tokens.
+
+    Args:
+        directory: folder of the prefix files; ``None`` takes ``default_cache_dir() / "prefix-kv"``.
+        max_bytes: size bound of the folder; the least recently used prefixes are evicted.
+            256 MiB holds ~25 SmolLM2-135M system prompts of 200 tokens (9.2 MB each).
+    """
+
+    directory: Path | None = None
+    max_bytes: int = 256 * 2**20
+
+    def __post_init__(self) -> None:
+        if self.max_bytes < 1:
+            raise ConfigError(f"max_bytes must be >= 1, got {self.max_bytes}")
+
+    @property
+    def folder(self) -> Path:
+        """The folder the prefix files go to."""
+        return self.directory or default_cache_dir() / "prefix-kv"
+
+
+@dataclass(frozen=True)
 class BatchConfig:
     """Dynamic micro-batching of concurrent ``embed``/``classify`` calls.
 
@@ -146,11 +172,19 @@ class BatchConfig:
             batch-1 MiniLM run, so a lone request pays little for the chance of a batch.
         bucket_tokens: texts are grouped by length in buckets this many tokens wide (padding
             waste stays under one bucket per text).
+        adaptive_wait: skip ``max_wait_ms`` while only one caller is active (the last batch
+            and the queue held one call's texts): a lone request pays no wait for company
+            that is not coming; the first batch with two callers turns waiting back on.
+        workers: batches run at once, each on its own thread (onnxruntime sessions take
+            concurrent runs); 1 by default. With ``RuntimeConfig(threads=1)`` and one worker
+            per core, each core runs its own batch instead of splitting small GEMMs.
     """
 
     max_batch_size: int = 8
     max_wait_ms: float = 2.0
     bucket_tokens: int = 32
+    adaptive_wait: bool = True
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -159,13 +193,16 @@ class BatchConfig:
             raise ConfigError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
         if self.bucket_tokens < 1:
             raise ConfigError(f"bucket_tokens must be >= 1, got {self.bucket_tokens}")
+        if self.workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {self.workers}")
 
 
 @dataclass(frozen=True)
 class QuantConfig:
     """How ``edgeinfer export`` optimizes and quantizes for one hardware target.
 
-    Use a preset (``QuantConfig.cpu_avx2()``, ``.cpu_vnni()``, ``.cpu_arm64()``) and override
+    Use a preset (``QuantConfig.cpu_avx2()``, ``.cpu_vnni()``, ``.cpu_arm64()``, ``.npu_qnn()``,
+    ``.npu_openvino()``, ``.gpu_cuda()``, ``.gpu_tensorrt()``; docs/targets.md) and override
     with ``dataclasses.replace`` when needed.
     """
 
@@ -180,12 +217,23 @@ class QuantConfig:
     ops_to_quantize: tuple[str, ...] = field(
         default=("MatMul", "Attention", "EmbedLayerNormalization")
     )
+    # static int8 of CNNs: activations' and weights' integer types (onnxruntime QuantType names)
+    activation_type: Literal["uint8", "uint16"] = "uint8"
+    weight_type: Literal["int8", "uint8"] = "int8"
+    # "ort": onnxruntime's own QDQ rules; "qnn": its QNN helpers' (get_qnn_qdq_config).
+    qdq_rules: Literal["ort", "qnn"] = "ort"
+    # a fixed batch size written into the graph (NPUs compile static shapes); None: dynamic.
+    fixed_batch: int | None = None
+    # TensorRT: the engine-cache folder inside the package, recorded in the manifest.
+    engine_cache_dir: str | None = None
 
     def __post_init__(self) -> None:
-        if self.mode not in ("none", "int8", "int8-static"):
+        if self.mode not in QUANT_MODES:
             raise ConfigError(
-                f"unknown quantization mode {self.mode!r}: use none, int8 or int8-static"
+                f"unknown quantization mode {self.mode!r}: use {', '.join(QUANT_MODES)}"
             )
+        if self.fixed_batch is not None and self.fixed_batch < 1:
+            raise ConfigError(f"fixed_batch must be >= 1 or None, got {self.fixed_batch}")
         if self.calibration_method not in ("minmax", "entropy", "percentile"):
             raise ConfigError(
                 f"unknown calibration method {self.calibration_method!r}: "
@@ -222,6 +270,57 @@ class QuantConfig:
         return cls(target="cpu-arm64")
 
     @classmethod
+    def npu_qnn(cls) -> QuantConfig:
+        """Qualcomm NPUs (Hexagon HTP) through onnxruntime's QNN provider.
+
+        Static QDQ built by onnxruntime's own QNN helpers (``get_qnn_qdq_config`` after
+        ``qnn_preprocess_model``), so the graph holds only what the HTP takes, with a fixed
+        batch of 1 because the HTP compiles one static shape. uint16 activations with
+        per-channel symmetric int8 weights (the HTP's "A16W8"): the helpers' default, uint8
+        per-tensor weights, kept 50 % top-1 agreement on EfficientNet-Lite0's decided gate
+        views (depthwise filters differ too much for one scale); A16W8 kept 100 %.
+        """
+        return cls(
+            target="npu-qnn",
+            mode="int8-static",
+            activation_type="uint16",
+            qdq_rules="qnn",
+            fixed_batch=1,
+            providers=("qnn", "cpu"),
+        )
+
+    @classmethod
+    def npu_openvino(cls) -> QuantConfig:
+        """Intel NPUs and iGPUs through OpenVINO: static QDQ as OpenVINO's importer expects,
+        per-channel symmetric int8 weights with uint8 activations, fixed batch 1 (the NPU
+        plugin compiles static shapes)."""
+        return cls(
+            target="npu-openvino",
+            mode="int8-static",
+            fixed_batch=1,
+            providers=("openvino", "cpu"),
+        )
+
+    @classmethod
+    def gpu_cuda(cls) -> QuantConfig:
+        """NVIDIA GPUs through CUDA: fp16 weights and activations (tensor cores), fp32
+        inputs and outputs so callers never handle half floats; ops that overflow or lose
+        range in fp16 stay fp32 (``ort_compat.FP16_KEEP_FP32_OPS``)."""
+        return cls(target="gpu-cuda", mode="fp16", providers=("cuda", "cpu"))
+
+    @classmethod
+    def gpu_tensorrt(cls) -> QuantConfig:
+        """NVIDIA GPUs through TensorRT: the fp16 graph of ``gpu_cuda``; the engine built
+        from it on the device is cached in the package's ``trt_engines/`` so that only the
+        first start (or ``tools/gpu_check.sh`` at install) pays the minutes-long build."""
+        return cls(
+            target="gpu-tensorrt",
+            mode="fp16",
+            providers=("tensorrt", "cuda", "cpu"),
+            engine_cache_dir="trt_engines",
+        )
+
+    @classmethod
     def for_target(cls, target: str) -> QuantConfig:
         """Return the preset named ``target`` (see ``TARGETS``)."""
         try:
@@ -236,6 +335,10 @@ TARGETS = {
     "cpu-avx2": QuantConfig.cpu_avx2,
     "cpu-vnni": QuantConfig.cpu_vnni,
     "cpu-arm64": QuantConfig.cpu_arm64,
+    "npu-qnn": QuantConfig.npu_qnn,
+    "npu-openvino": QuantConfig.npu_openvino,
+    "gpu-cuda": QuantConfig.gpu_cuda,
+    "gpu-tensorrt": QuantConfig.gpu_tensorrt,
 }
 
 

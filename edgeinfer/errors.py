@@ -24,11 +24,13 @@ so that callers catch one tree and still see the cause.
         ├── ConversionError         conversion     the source could not be converted to ONNX
         ├── ParityError             parity         fp32 ONNX differs from the source model
         ├── AccuracyGateError       accuracy_gate  a quantized variant lost more than allowed
-        └── SlowerQuantizationError quant_slower   int8 ran slower than fp32 on this machine
+        ├── SlowerQuantizationError quant_slower   int8 ran slower than fp32 on this machine
+        └── EpCoverageError         ep_coverage    the accelerator provider takes too little
 
-The CLI maps ``AccuracyGateError`` and ``SlowerQuantizationError`` (a check that failed) to
-exit code 1 and every other ``EdgeInferError`` to exit code 2. ``BrokerUnavailableError`` and
-``RequestTimeoutError`` are also built-in ``TimeoutError``s, so callers that caught those still do.
+The CLI maps ``AccuracyGateError``, ``SlowerQuantizationError`` and ``EpCoverageError`` (a
+check that failed) to exit code 1 and every other ``EdgeInferError`` to exit code 2.
+``BrokerUnavailableError`` and ``RequestTimeoutError`` are also built-in ``TimeoutError``s, so
+callers that caught those still do.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = [
     "ContextLengthExceededError",
     "ConversionError",
     "EdgeInferError",
+    "EpCoverageError",
     "ExportError",
     "InferenceError",
     "InputError",
@@ -146,6 +149,26 @@ class SlowerQuantizationError(ExportError):
     """The quantized variant ran slower than fp32 on this machine."""
 
     code = "quant_slower"
+
+
+class EpCoverageError(ExportError):
+    """The first (accelerator) execution provider takes less of the graph than required."""
+
+    code = "ep_coverage"
+
+    def __init__(
+        self, *, provider: str, coverage: float, min_coverage: float, cpu_coverage: float | None
+    ) -> None:
+        cpu = "" if cpu_coverage is None else f" (the CPU takes {cpu_coverage:.1%})"
+        super().__init__(
+            f"{provider} takes {coverage:.1%} of the estimated FLOPs{cpu}, less than the "
+            f"required {min_coverage:.1%}; see `edgeinfer inspect PKG --providers "
+            "... --placement` for the ops it leaves to the CPU, change the target preset, or "
+            "lower --min-ep-coverage"
+        )
+        self.provider = provider
+        self.coverage = coverage
+        self.min_coverage = min_coverage
 
 
 class ContextLengthExceededError(InputError):

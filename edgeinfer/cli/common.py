@@ -10,7 +10,12 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from edgeinfer.errors import AccuracyGateError, EdgeInferError, SlowerQuantizationError
+from edgeinfer.errors import (
+    AccuracyGateError,
+    EdgeInferError,
+    EpCoverageError,
+    SlowerQuantizationError,
+)
 
 __all__ = ["EXIT_CHECK_FAILED", "EXIT_OK", "EXIT_USAGE", "console", "print_json", "run_guarded"]
 
@@ -19,7 +24,7 @@ EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 # Progress and messages go to stderr, so that --json output on stdout stays machine-readable.
 console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120)
-_CHECK_FAILURES = (AccuracyGateError, SlowerQuantizationError)
+_CHECK_FAILURES = (AccuracyGateError, SlowerQuantizationError, EpCoverageError)
 
 
 def print_json(data: Any) -> None:

@@ -24,18 +24,42 @@ class QuantChoice(str, Enum):
     none = "none"
     int8 = "int8"
     int8_static = "int8-static"
+    fp16 = "fp16"
+
+
+class CalibrationChoice(str, Enum):
+    minmax = "minmax"
+    entropy = "entropy"
+    percentile = "percentile"
 
 
 def export(
-    source: Annotated[str, typer.Argument(help="builtin name (minilm) or a local HF model folder")],
+    source: Annotated[
+        str,
+        typer.Argument(help="builtin (minilm, efficientnet-lite0, ...) or a local HF model folder"),
+    ],
     out: Annotated[Path, typer.Option("--out", "-o", help="package folder to write")],
     task: Annotated[TaskChoice, typer.Option(help="what the package does")] = TaskChoice.auto,
     target: Annotated[
-        str, typer.Option(help="hardware preset: cpu-avx2, cpu-vnni, cpu-arm64")
+        str,
+        typer.Option(
+            help="hardware preset: cpu-avx2, cpu-vnni, cpu-arm64, npu-qnn, npu-openvino, "
+            "gpu-cuda, gpu-tensorrt (docs/targets.md)"
+        ),
     ] = "cpu-avx2",
-    quantize: Annotated[QuantChoice, typer.Option(help="weights precision")] = QuantChoice.int8,
+    quantize: Annotated[
+        QuantChoice | None, typer.Option(help="precision (default: the target's)")
+    ] = None,
     calibration: Annotated[
-        Path | None, typer.Option(help="calibration text (.txt lines or .jsonl with 'text')")
+        Path | None,
+        typer.Option(
+            help="calibration data: text (.txt lines, .jsonl with 'text'); images (a folder, "
+            "an image, a .npy uint8 [N,H,W,3]) or 'builtin'"
+        ),
+    ] = None,
+    calibration_method: Annotated[
+        CalibrationChoice | None,
+        typer.Option(help="int8-static activation ranges (default: the target's)"),
     ] = None,
     eval_data: Annotated[
         Path | None, typer.Option(help="held text for the accuracy gate (default: built-in)")
@@ -58,9 +82,14 @@ def export(
     train_data: Annotated[
         str | None, typer.Option(help="early exit: labelled data for the heads (bbc)")
     ] = None,
+    min_ep_coverage: Annotated[
+        float | None,
+        typer.Option(help="fail (exit 1) if the target's first provider takes less of the FLOPs"),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Convert, optimize, quantize and accuracy-check a model into a package."""
+    from edgeinfer.config import QuantConfig
     from edgeinfer.errors import ExportError
     from edgeinfer.export.pipeline import ExportOptions
     from edgeinfer.export.pipeline import export as run_export
@@ -70,8 +99,9 @@ def export(
         out=out,
         task=task.value,
         target=target,
-        quantize=quantize.value,
+        quantize=quantize.value if quantize else QuantConfig.for_target(target).mode,
         calibration=calibration,
+        calibration_method=calibration_method.value if calibration_method else None,
         eval_data=eval_data,
         max_accuracy_loss=max_accuracy_loss,
         keep_best=keep_best,
@@ -81,6 +111,7 @@ def export(
         early_exit=early_exit,
         exit_every=exit_every,
         train_data=train_data,
+        min_ep_coverage=min_ep_coverage,
     )
 
     def progress(stage: str, seconds: float) -> None:

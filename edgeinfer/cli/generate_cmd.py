@@ -32,7 +32,8 @@ def generate(
     """Generate a completion (or a chat answer with --chat) and print it."""
     from edgeinfer.config import RuntimeConfig, SamplingConfig
     from edgeinfer.manifest import Manifest
-    from edgeinfer.runtime.generate import Generator, Prompt
+    from edgeinfer.runtime.chat import Prompt
+    from edgeinfer.runtime.generate import Generator
 
     manifest = Manifest.read(package)
     manifest.verify(package)

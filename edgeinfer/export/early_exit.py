@@ -24,10 +24,11 @@ from edgeinfer.errors import AccuracyGateError, ConfigError
 from edgeinfer.export import convert, package, quantize
 from edgeinfer.export.early_exit_calibrate import (
     MAX_SEQ_LEN,
-    calibrate_thresholds,
+    calibrate_policies,
     labelled_split,
     trace_split,
 )
+from edgeinfer.export.early_exit_vision import MNIST_CNN
 from edgeinfer.manifest import Manifest, file_entries
 
 if TYPE_CHECKING:
@@ -48,7 +49,15 @@ def check_options(options: ExportOptions) -> None:
     """Validate the early-exit fields of ``options`` (raises ``ConfigError``)."""
     if options.task != "classify":
         raise ConfigError("--early-exit needs --task classify")
-    if options.train_data != "bbc":
+    if options.source == MNIST_CNN:
+        if options.train_data not in (None, "mnist"):
+            raise ConfigError(f"{MNIST_CNN} trains on --train-data mnist (the built-in digits)")
+        if options.quantize != "none":
+            raise ConfigError(
+                f"{MNIST_CNN} segments ship fp32 (dynamic int8 makes convolutions slower on "
+                "CPUs): pass --quantize none"
+            )
+    elif options.train_data != "bbc":
         raise ConfigError("--early-exit needs --train-data bbc (the built-in BBC News topics)")
     if options.exit_every < 1:
         raise ConfigError(f"exit_every must be >= 1, got {options.exit_every}")
@@ -277,12 +286,11 @@ def export_early_exit(run: _Run, partial: Path) -> None:
             chosen = "fp32"
         run.report.chosen = chosen
     with run.stage("thresholds"):
-        calibration = calibrate_thresholds(traces[chosen], options.max_accuracy_loss)
+        calibration = calibrate_policies(traces[chosen], options.max_accuracy_loss)
     with run.stage("package"):
         early_exit = {
             **spec,
             **calibration,
-            "policy": "max_softmax",
             "batch_policy": "leave",
             "train": {"data": "bbc", "split": "train", "texts": len(train.texts)},
             "validation": {

@@ -14,7 +14,7 @@ import numpy as np
 
 from edgeinfer.errors import ConversionError, ParityError
 from edgeinfer.export.source import Source
-from edgeinfer.runtime.generate import render_chat
+from edgeinfer.runtime.chat import render_chat
 
 __all__ = [
     "LMQuality",

@@ -12,13 +12,13 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from edgeinfer import __version__
-from edgeinfer.config import QuantConfig, QuantMode
+from edgeinfer import __version__, placement
+from edgeinfer.config import CalibrationMethod, QuantConfig, QuantMode
 from edgeinfer.errors import (
     AccuracyGateError,
     ConfigError,
@@ -27,7 +27,7 @@ from edgeinfer.errors import (
     SlowerQuantizationError,
 )
 from edgeinfer.export import calibrate, convert, optimize, package, quantize, validate
-from edgeinfer.export.source import Source, resolve_source
+from edgeinfer.export.source import VISION_BUILTINS, Source, resolve_source
 
 __all__ = ["ExportOptions", "ExportReport", "export"]
 
@@ -51,6 +51,8 @@ class ExportOptions:
     target: str = "cpu-avx2"
     quantize: QuantMode = "int8"
     calibration: Path | None = None
+    # int8-static: minmax, entropy or percentile; None keeps the target preset's.
+    calibration_method: CalibrationMethod | None = None
     eval_data: Path | None = None
     max_accuracy_loss: float = 0.01
     keep_best: bool = False
@@ -68,6 +70,9 @@ class ExportOptions:
     exit_every: int = 2
     train_data: str | None = None
     early_exit_articles: int | None = None
+    # the EP-coverage gate (docs/providers.md): the target's first provider must take at
+    # least this fraction of the estimated FLOPs on this machine; None skips the check.
+    min_ep_coverage: float | None = None
 
     def __post_init__(self) -> None:
         if self.early_exit:
@@ -78,6 +83,8 @@ class ExportOptions:
             raise ConfigError(f"max_accuracy_loss must be in [0, 1), got {self.max_accuracy_loss}")
         if self.task not in ("auto", "embed", "classify", "generate"):
             raise ConfigError(f"unknown task {self.task!r}: use auto, embed, classify or generate")
+        if self.min_ep_coverage is not None and (self.min_ep_coverage < 0 or self.early_exit):
+            raise ConfigError("min_ep_coverage must be >= 0 and is not checked on early-exit")
         if self.held_count < 1:
             raise ConfigError(f"held_count must be >= 1, got {self.held_count}")
         if self.variants is not None:
@@ -115,6 +122,17 @@ class ExportReport:
         }
 
 
+@contextmanager
+def timed_stage(report: ExportReport, progress: Progress | None, name: str) -> Iterator[None]:
+    """Time the block as export stage ``name``: into the report, and to ``progress``."""
+    started = time.perf_counter()
+    yield
+    seconds = time.perf_counter() - started
+    report.stages.append({"name": name, "seconds": round(seconds, 3)})
+    if progress:
+        progress(name, seconds)
+
+
 def _versions() -> dict[str, str]:
     import onnx
     import onnxruntime
@@ -137,7 +155,17 @@ class _Run:
         self.options = options
         self.work = work
         self.progress = progress
-        self.quant = replace(QuantConfig.for_target(options.target), mode=options.quantize)
+        preset = QuantConfig.for_target(options.target)
+        if not options.target.startswith("cpu-"):
+            raise ConfigError(
+                f"target {options.target} is built for image classifiers so far "
+                "(docs/targets.md); text models take the cpu-* targets"
+            )
+        self.quant = replace(
+            preset,
+            mode=options.quantize,
+            calibration_method=options.calibration_method or preset.calibration_method,
+        )
         self.source: Source = resolve_source(options.source)
         task = convert.detect_task(self.source) if options.task == "auto" else options.task
         if task not in (*convert.OPTIMUM_TASKS, "generate"):
@@ -151,14 +179,8 @@ class _Run:
             source=self.source_info, task=task, target=options.target, out=str(options.out)
         )
 
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        started = time.perf_counter()
-        yield
-        seconds = time.perf_counter() - started
-        self.report.stages.append({"name": name, "seconds": round(seconds, 3)})
-        if self.progress:
-            self.progress(name, seconds)
+    def stage(self, name: str) -> AbstractContextManager[None]:
+        return timed_stage(self.report, self.progress, name)
 
     def fields(
         self, precision: str, accuracy: dict[str, Any], tokens: dict[str, Any]
@@ -213,7 +235,27 @@ def export(options: ExportOptions, *, progress: Progress | None = None) -> Expor
     shutil.rmtree(partial, ignore_errors=True)  # left by an export that was killed
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="edgeinfer-export-") as tmp, _quiet_libraries():
+        if options.early_exit and options.source == "mnist-cnn":  # built here: no source folder
+            from edgeinfer.export.early_exit_vision import export_mnist_cnn
+
+            report = ExportReport(
+                source={"builtin": options.source},
+                task="classify",
+                target=options.target,
+                out=str(out),
+            )
+            try:
+                export_mnist_cnn(options, report, Path(tmp), partial, progress)
+            finally:
+                shutil.rmtree(partial, ignore_errors=True)
+            return report
+        if options.source in VISION_BUILTINS:  # image classifiers: export/vision.py
+            from edgeinfer.export.vision import export_vision
+
+            return export_vision(options, Path(tmp), partial, progress)
         run = _Run(options, Path(tmp), progress)
+        if options.min_ep_coverage is not None and run.task == "generate":
+            raise ConfigError("min_ep_coverage is checked on embed and classify packages only")
         try:
             if run.task == "generate":
                 from edgeinfer.export.generate_pipeline import export_generate
@@ -349,6 +391,10 @@ def _export(run: _Run, partial: Path) -> None:
             fields=run.fields(chosen, gate, tokens),
             extra_files={"report.json": report_bytes},
         )
+        if options.min_ep_coverage is not None:
+            placement.gate(
+                partial, providers=run.quant.providers, min_coverage=options.min_ep_coverage
+            )
         package.commit(partial, Path(options.out), overwrite=options.overwrite)
 
 

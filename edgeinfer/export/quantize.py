@@ -1,6 +1,6 @@
 """Quantization with onnxruntime's quantizer, driven by a ``QuantConfig`` preset.
 
-Every onnxruntime-version workaround of the export lives in this module, each with its reason.
+Every onnxruntime-version workaround it relies on lives in ``ort_compat``, with its reason.
 """
 
 from __future__ import annotations
@@ -13,16 +13,20 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.config import QuantConfig
+from edgeinfer.export import ort_compat
 
-__all__ = ["quantize_dynamic_int8", "quantize_static_int8"]
+__all__ = [
+    "convert_fp16",
+    "qdq_problems",
+    "quantize_dynamic_cnn",
+    "quantize_dynamic_int8",
+    "quantize_static_cnn",
+    "quantize_static_int8",
+]
 
 log = logging.getLogger(__name__)
 
-# Workaround: the transformer optimizer's output holds contrib ops (Attention, SkipLayerNorm)
-# whose outputs have no inferred type; the quantizer then stops with "tensor type unknown"
-# unless it is told to assume float.
-_FLOAT = 1  # onnx.TensorProto.FLOAT
-_EXTRA_OPTIONS = {"DefaultTensorType": _FLOAT}
+_EXTRA_OPTIONS = ort_compat.UNTYPED_AS_FLOAT
 
 
 def quantize_dynamic_int8(graph: Path, out_path: Path, config: QuantConfig) -> None:
@@ -60,12 +64,9 @@ def quantize_static_int8(
 ) -> None:
     """Static int8 in QDQ form: activation ranges calibrated on ``feeds``, per-channel weights."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     prepped = work_dir / "preprocessed.onnx"
-    # Workaround: symbolic shape inference fails on the fused contrib ops; ONNX shape inference
-    # and the graph clean-up still run.
-    quant_pre_process(str(graph), str(prepped), skip_symbolic_shape=True)
+    ort_compat.preprocess(graph, prepped, contrib_ops=True)
     methods: dict[str, Any] = {
         "minmax": CalibrationMethod.MinMax,
         "entropy": CalibrationMethod.Entropy,
@@ -90,14 +91,7 @@ def quantize_decoder_dynamic(graph: Path, out_path: Path, *, exclude: Sequence[s
     """Dynamic int8 of a decoder graph's ``MatMul`` weights, per output channel, with
     ``exclude`` kept fp32.
 
-    Workaround: the weights are *unsigned* (QUInt8). With signed per-channel weights every
-    column spans the full [-127, 127] range, and onnxruntime's AVX2 u8 x s8 ``MatMulInteger``
-    kernel saturates its int16 pairwise sums (255 x 127 x 2 > 32767): on SmolLM2 perplexity
-    went from 32 to 1e7 and next-token agreement to 0.06 %. An isolated ``MatMulInteger`` with
-    those weights was off by 21487 from the exact integer product (onnxruntime 1.32, AMD EPYC
-    without VNNI); ``reduce_range`` is not applied to per-channel MatMul weights. Per-tensor
-    scales leave most weights small, so saturation is rare there, which is why only per-channel
-    broke. The u8 x u8 kernel has no such saturation.
+    The weights are unsigned: ``ort_compat.DECODER_WEIGHT_TYPE`` says why.
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -106,7 +100,7 @@ def quantize_decoder_dynamic(graph: Path, out_path: Path, *, exclude: Sequence[s
         str(out_path),
         op_types_to_quantize=["MatMul"],
         per_channel=True,
-        weight_type=QuantType.QUInt8,
+        weight_type=getattr(QuantType, ort_compat.DECODER_WEIGHT_TYPE),
         nodes_to_exclude=list(exclude),
         extra_options={**_EXTRA_OPTIONS, "MatMulConstBOnly": True},
     )
@@ -145,3 +139,153 @@ def quantize_weight_only(
     )
     quantizer.process()
     onnx.save(quantizer.model.model, str(out_path))
+
+
+_QUANT_TYPES = {"uint8": "QUInt8", "uint16": "QUInt16", "int8": "QInt8"}
+_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
+
+
+def quantize_dynamic_cnn(graph: Path, out_path: Path, config: QuantConfig) -> None:
+    """Dynamic int8 of a CNN's convolutions and Gemm (``ConvInteger``): activations are
+    quantized on every run. Kept so the speed guard can refuse it where it is slower."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(graph),
+        str(out_path),
+        op_types_to_quantize=["Conv", "Gemm", "MatMul"],
+        per_channel=config.per_channel,
+        reduce_range=config.reduce_range,
+        weight_type=QuantType.QInt8,
+    )
+
+
+def quantize_static_cnn(
+    graph: Path, out_path: Path, config: QuantConfig, *, feeds: Sequence[dict[str, np.ndarray]]
+) -> list[str]:
+    """Static QDQ of a pre-processed CNN graph, calibrated on ``feeds``; returns the nodes left
+    in fp32.
+
+    ``config.qdq_rules`` "qnn" builds the graph with onnxruntime's QNN helpers
+    (``qnn_preprocess_model``, then ``get_qnn_qdq_config``); "ort" with its generic quantizer,
+    per-channel weights and the AVX2 workarounds of ``ort_compat``.
+    """
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize,
+        quantize_static,
+    )
+
+    method = getattr(CalibrationMethod, _METHODS[config.calibration_method])
+    activations = getattr(QuantType, _QUANT_TYPES[config.activation_type])
+    weights = getattr(QuantType, _QUANT_TYPES[config.weight_type])
+    if config.qdq_rules == "qnn":
+        from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+        prepped = out_path.with_name(out_path.stem + "-qnn-pre.onnx")
+        source = prepped if ort_compat.qnn_preprocess(graph, prepped) else graph
+        qnn_config = get_qnn_qdq_config(
+            str(source),
+            _TextReader(feeds),
+            calibrate_method=method,
+            activation_type=activations,
+            weight_type=weights,
+            per_channel=config.per_channel,
+        )
+        quantize(str(source), str(out_path), qnn_config)
+        return []
+    model = onnx.load(str(graph))
+    keep_fp32 = ort_compat.float_input_nodes(model)
+    quantize_static(
+        str(graph),
+        str(out_path),
+        _TextReader(feeds),
+        quant_format=QuantFormat.QDQ,
+        per_channel=config.per_channel,
+        reduce_range=config.reduce_range,
+        activation_type=activations,
+        weight_type=weights,
+        calibrate_method=method,
+        nodes_to_exclude=keep_fp32,
+        extra_options={
+            "ActivationSymmetric": config.activation_symmetric,
+            "TensorQuantOverrides": ort_compat.avx2_weight_overrides(model),
+        },
+    )
+    return keep_fp32
+
+
+def convert_fp16(graph: Path, out_path: Path) -> None:
+    """fp16 weights and activations with fp32 inputs and outputs; the ops in
+    ``ort_compat.FP16_KEEP_FP32_OPS`` stay fp32."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = convert_float_to_float16(
+        onnx.load(str(graph)), keep_io_types=True, op_block_list=list(ort_compat.FP16_KEEP_FP32_OPS)
+    )
+    onnx.save(model, str(out_path))
+
+
+_QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
+def qdq_problems(graph: Path) -> list[str]:
+    """Why ``graph`` is not a pure-QDQ graph with fixed shapes (empty list: it is one).
+
+    Checks: ``onnx.checker`` passes; every input, output and inferred tensor has a static
+    shape; every float tensor a compute node reads comes from a ``DequantizeLinear``; every
+    compute node's output goes only to ``QuantizeLinear`` nodes; graph inputs go only to a
+    ``QuantizeLinear`` and graph outputs come from a ``DequantizeLinear``.
+    """
+    import onnx
+
+    model = onnx.load(str(graph))
+    problems: list[str] = []
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as exc:
+        problems.append(f"onnx.checker: {exc}")
+    inferred = onnx.shape_inference.infer_shapes(model)
+    values = [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]
+    for value in values:
+        dims = value.type.tensor_type.shape.dim
+        if not dims and value.type.tensor_type.elem_type != 0:
+            continue  # a scalar (scales, zero points)
+        if any(d.dim_param or d.dim_value < 1 for d in dims):
+            problems.append(f"tensor {value.name} has a dynamic shape")
+    producer = {o: n for n in model.graph.node for o in n.output}
+    consumers: dict[str, list[Any]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    initializers = {i.name for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type in _QDQ_OPS:
+            continue
+        for name in node.input:
+            source = producer.get(name)
+            if (
+                name
+                and name not in initializers
+                and (source is None or source.op_type != "DequantizeLinear")
+            ):
+                problems.append(
+                    f"{node.op_type} {node.name} reads {name} not from a DequantizeLinear"
+                )
+        for name in node.output:
+            if any(c.op_type != "QuantizeLinear" for c in consumers.get(name, [])):
+                problems.append(
+                    f"{node.op_type} {node.name} feeds a node other than QuantizeLinear"
+                )
+    for value in model.graph.input:
+        if any(c.op_type != "QuantizeLinear" for c in consumers.get(value.name, [])):
+            problems.append(f"graph input {value.name} is read unquantized")
+    for value in model.graph.output:
+        source = producer.get(value.name)
+        if source is None or source.op_type != "DequantizeLinear":
+            problems.append(f"graph output {value.name} does not come from a DequantizeLinear")
+    return problems

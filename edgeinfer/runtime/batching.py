@@ -1,11 +1,14 @@
 """Dynamic micro-batching: texts from concurrent calls are gathered and run as one batch.
 
 Callers (threads, the MQTT bridge's workers) ``submit`` token-id rows and block until their
-rows are answered. One worker thread forms batches: a batch runs as soon as one length bucket
-holds ``max_batch_size`` rows, or when the oldest waiting row has waited ``max_wait_ms``, and
-then takes that row's bucket (oldest first). Grouping by length bucket keeps padding waste
-under one bucket width per row ("static batching by length", done dynamically). Each answer
-carries its queue time (submit -> batch start) and compute time (the batch's run).
+rows are answered. Worker threads (``workers``, one by default) form batches: a batch runs
+as soon as one length bucket holds ``max_batch_size`` rows, or when the oldest waiting row has
+waited ``max_wait_ms``, and then takes that row's bucket (oldest first). Grouping by length
+bucket keeps padding waste under one bucket width per row ("static batching by length", done
+dynamically). With
+``adaptive_wait`` a row does not wait for company that is not coming: while the last batch
+and the queue held one caller's rows only, a due bucket runs at once. Each answer carries its
+queue time (submit -> batch start) and compute time (the batch's run).
 """
 
 from __future__ import annotations
@@ -90,8 +93,13 @@ class DynamicBatcher(Generic[V]):
         self._cond = threading.Condition()
         self._buckets: dict[int, deque[_Entry[V]]] = {}
         self._closed = False
-        self._worker = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._worker.start()
+        self._company = False  # more than one caller in the last batch or the queue
+        self._workers = [
+            threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
+            for i in range(config.workers)
+        ]
+        for worker in self._workers:
+            worker.start()
 
     def submit(self, rows: Sequence[np.ndarray]) -> list[BatchedAnswer[V]]:
         """Queue ``rows``, block until all are answered, return their answers in order.
@@ -118,11 +126,12 @@ class DynamicBatcher(Generic[V]):
         return [a for a in job.answers if a is not None]
 
     def close(self) -> None:
-        """Stop the worker; rows still queued fail with ``InferenceError``."""
+        """Stop the workers; rows still queued fail with ``InferenceError``."""
         with self._cond:
             self._closed = True
-            self._cond.notify()
-        self._worker.join(timeout=5.0)
+            self._cond.notify_all()
+        for worker in self._workers:
+            worker.join(timeout=5.0)
 
     def _next_batch(self) -> list[_Entry[V]] | None:
         """Under the lock: wait until a batch is due and take it (``None``: closed)."""
@@ -137,11 +146,24 @@ class DynamicBatcher(Generic[V]):
             full = [(t, b) for t, b in heads if len(self._buckets[b]) >= self.config.max_batch_size]
             oldest_s, bucket = min(full or heads)
             wait_s = oldest_s + max_wait_s - time.perf_counter()
-            if full or wait_s <= 0:
+            alone = self.config.adaptive_wait and not self._company and not self._callers(2)
+            if full or wait_s <= 0 or alone:
                 queue = self._buckets[bucket]
                 take = min(len(queue), self.config.max_batch_size)
-                return [queue.popleft() for _ in range(take)]
+                batch = [queue.popleft() for _ in range(take)]
+                self._company = len({id(e.job) for e in batch}) > 1 or self._callers(2)
+                return batch
             self._cond.wait(timeout=wait_s)
+
+    def _callers(self, at_least: int) -> bool:
+        """Under the lock: whether the queue holds rows of ``at_least`` different calls."""
+        seen: set[int] = set()
+        for queue in self._buckets.values():
+            for entry in queue:
+                seen.add(id(entry.job))
+                if len(seen) >= at_least:
+                    return True
+        return False
 
     def _loop(self) -> None:
         while True:
@@ -156,19 +178,31 @@ class DynamicBatcher(Generic[V]):
             except BaseException as exc:  # handed to every waiting caller, never lost
                 values, error = [], exc
             compute_ms = (time.perf_counter() - started) * 1e3
-            for i, entry in enumerate(batch):
-                job = entry.job
-                if error is not None:
-                    job.error = error
-                    job.done.set()
-                    continue
-                job.answers[entry.index] = BatchedAnswer(
-                    values[i], (started - entry.arrived_s) * 1e3, compute_ms, len(batch)
-                )
-                job.remaining -= 1  # only this thread writes answers and counts
-                if job.remaining == 0:
-                    job.done.set()
+            with self._cond:  # a call's rows may be answered by several workers
+                self._answer(batch, values, error, started, compute_ms)
         self._fail_pending()
+
+    def _answer(
+        self,
+        batch: list[_Entry[V]],
+        values: list[V],
+        error: BaseException | None,
+        started: float,
+        compute_ms: float,
+    ) -> None:
+        """Under the lock: hand a batch's answers (or its error) to the waiting calls."""
+        for i, entry in enumerate(batch):
+            job = entry.job
+            if error is not None:
+                job.error = error
+                job.done.set()
+                continue
+            job.answers[entry.index] = BatchedAnswer(
+                values[i], (started - entry.arrived_s) * 1e3, compute_ms, len(batch)
+            )
+            job.remaining -= 1
+            if job.remaining == 0:
+                job.done.set()
 
     def _fail_pending(self) -> None:
         with self._cond:

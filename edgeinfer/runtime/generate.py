@@ -9,18 +9,16 @@ writes two integers, rebinds the mask's length and runs the graph.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from edgeinfer import providers as eps
-from edgeinfer.config import RuntimeConfig, SamplingConfig
+from edgeinfer.config import PrefixCacheConfig, RuntimeConfig, SamplingConfig
 from edgeinfer.errors import (
     ConfigError,
     ContextLengthExceededError,
@@ -29,76 +27,21 @@ from edgeinfer.errors import (
     PackageError,
 )
 from edgeinfer.manifest import Manifest
-from edgeinfer.runtime.kvcache import KVCache
+from edgeinfer.runtime.chat import Prompt, fill_message, render_chat
+from edgeinfer.runtime.kvcache import KVCache, device_for
+from edgeinfer.runtime.prefix_store import PrefixStore
 from edgeinfer.runtime.sampling import Sampler
 from edgeinfer.runtime.session import session_options
+from edgeinfer.runtime.streaming import (
+    GenerationResult,
+    StreamState,
+    TextChunk,
+    first_stop,
+    held_back,
+)
+from edgeinfer.runtime.tokenizer import Detokenizer
 
-__all__ = [
-    "FinishReason",
-    "GenerationResult",
-    "Generator",
-    "Prompt",
-    "TextChunk",
-    "render_chat",
-]
-
-FinishReason = Literal["eos", "stop", "length", "deadline"]
-Prompt = str | Sequence[Mapping[str, str]]
-_PLACEHOLDER = re.compile(r"\{role\}|\{content\}")
-
-
-@dataclass(frozen=True)
-class TextChunk:
-    """A piece of streamed text: ``text`` is new, complete characters (never half of one);
-    ``token_ids`` are the tokens generated since the previous chunk."""
-
-    text: str
-    token_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    """One finished generation.
-
-    Attributes:
-        text: the generated text (prompt excluded, cut before a stop string).
-        token_ids: the generated token ids (an eos token excluded).
-        prompt_tokens: tokens in the prompt after the chat template.
-        finish_reason: ``eos``, ``stop`` (a stop string), ``length`` (max_new_tokens) or
-            ``deadline`` (timeout_s).
-        ttft_ms: time to first token (tokenize + prefill + first sample).
-        decode_tokens_per_s: tokens per second after the first one (0 when only one).
-    """
-
-    text: str
-    token_ids: tuple[int, ...]
-    prompt_tokens: int
-    finish_reason: FinishReason
-    ttft_ms: float
-    decode_tokens_per_s: float
-
-
-class _Detokenizer:
-    """Incremental detokenization: emit text only once its bytes form whole characters.
-
-    Decodes a short window (from ``prefix`` to the end) and emits what it adds to the window's
-    already-emitted part, unless it ends in U+FFFD (a multi-byte character not yet complete).
-    """
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tok = tokenizer
-        self.ids: list[int] = []
-        self._prefix = 0
-        self._read = 0
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        done = self._tok.decode(self.ids[self._prefix : self._read])
-        window = self._tok.decode(self.ids[self._prefix :])
-        if len(window) <= len(done) or window.endswith("\ufffd"):
-            return ""
-        self._prefix, self._read = self._read, len(self.ids)
-        return str(window[len(done) :])
+__all__ = ["Generator"]
 
 
 class Generator:
@@ -113,6 +56,9 @@ class Generator:
         config: providers and threads.
         context_length: tokens of KV to allocate (prompt + generated); ``None`` takes the
             package's context length. Lower it to save memory on small devices.
+        prefix_cache: keep system prompts' keys/values on disk across restarts (a chat's
+            system message automatically, any text through ``warm_prefix``); ``None``: the
+            prefix cache lives in memory only.
     """
 
     def __init__(
@@ -122,6 +68,7 @@ class Generator:
         *,
         config: RuntimeConfig,
         context_length: int | None = None,
+        prefix_cache: PrefixCacheConfig | None = None,
     ) -> None:
         import onnxruntime as ort
         from tokenizers import Tokenizer
@@ -139,14 +86,18 @@ class Generator:
             self._session = ort.InferenceSession(
                 str(Path(path) / io["graph"]),
                 sess_options=session_options(config),
-                providers=eps.resolve(config.providers or tuple(manifest.providers)),
+                providers=eps.with_options(
+                    eps.resolve(config.providers or tuple(manifest.providers)), package=Path(path)
+                ),
             )
             self._tok = Tokenizer.from_file(str(Path(path) / io["tokenizer"]))
         except Exception as exc:  # ORT and tokenizers raise their own classes
             raise PackageError(f"cannot load the generate package {path}: {exc}") from exc
         self.stop_token_ids = frozenset(int(t) for t in io["stop_token_ids"])
         self.chat_format: dict[str, Any] | None = io.get("chat_format")
-        self.cache = KVCache(io, capacity=self.context_length)
+        self.cache = KVCache(
+            io, capacity=self.context_length, device=device_for(self._session.get_providers())
+        )
         vocab = int(io["vocab_size"])
         # Preallocated decode inputs/outputs, written in place each step.
         self._token = np.zeros((1, 1), np.int64)  # input_ids: [1, 1]
@@ -170,6 +121,17 @@ class Generator:
         # only the rest; the keys/values of position p depend on tokens 0..p alone.
         self._cached_ids: list[int] = []
         self.prefix_reused = 0  # tokens the last prefill took from the cache
+        self.prefix_from_disk = 0  # tokens the last request loaded from the prefix store
+        self._store = (
+            None
+            if prefix_cache is None
+            else PrefixStore(
+                prefix_cache.folder,
+                package_digest=manifest.digest,
+                io=io,
+                max_bytes=prefix_cache.max_bytes,
+            )
+        )
         self.run_seconds = 0.0
         for _ in range(config.warmup_runs):  # kernel selection and allocations before requests
             self.prefill([0])  # token 0 exists in every vocabulary
@@ -230,6 +192,59 @@ class Generator:
         """Make the next prefill start from position 0 (a cold time to first token)."""
         self._cached_ids = []
 
+    def warm_prefix(self, prefix: str) -> int:
+        """Put the keys/values of ``prefix`` (a fixed instruction every prompt starts with)
+        into the cache: from the prefix store when it holds them, else prefilled and stored.
+        Returns the prefix's token count. End ``prefix`` where tokenization cannot merge
+        across (a newline, a special token), or the prompts' ids will not start with its ids.
+        """
+        with self._lock:
+            ids = self.encode(prefix)
+            if len(ids) >= self.context_length:
+                raise ContextLengthExceededError(
+                    prompt_tokens=len(ids), max_new_tokens=1, context_length=self.context_length
+                )
+            self.prefix_from_disk = len(ids) if self._restore_prefix(ids) else 0
+            if self._cached_ids[: len(ids)] != ids:
+                self.prefill(ids)
+            self._store_prefix(ids)
+            return len(ids)
+
+    def _system_ids(self, prompt: Prompt, ids: Sequence[int]) -> list[int]:
+        """The ids of the chat template's start plus the system message, when ``prompt`` is a
+        chat with one (its own or the template's default) and ``ids`` start with them."""
+        if isinstance(prompt, str) or not prompt or self.chat_format is None:
+            return []
+        system = prompt[0].get("content") if prompt[0].get("role") == "system" else None
+        system = system if system is not None else self.chat_format.get("default_system")
+        if not isinstance(system, str):
+            return []
+        text = str(self.chat_format["prefix"]) + fill_message(
+            str(self.chat_format["message"]), "system", system
+        )
+        head = list(self._tok.encode(text, add_special_tokens=False).ids)
+        return head if list(ids[: len(head)]) == head and len(head) < len(ids) else []
+
+    def _restore_prefix(self, ids: Sequence[int]) -> bool:
+        """Load the keys/values of ``ids`` from the prefix store into the cache, unless the
+        cache holds them already; True when they came from disk."""
+        if self._store is None or not ids or self._cached_ids[: len(ids)] == list(ids):
+            return False
+        kv = self._store.load(ids)
+        if kv is None:
+            return False
+        self._cached_ids = []  # a failed write leaves the cache undefined
+        self.cache.write_prefix(kv)
+        self._cached_ids = list(ids)
+        return True
+
+    def _store_prefix(self, ids: Sequence[int]) -> None:
+        """Save the keys/values of ``ids`` when the cache holds them and the store does not."""
+        if self._store is None or not ids or self._cached_ids[: len(ids)] != list(ids):
+            return
+        if not self._store.path(ids).exists():
+            self._store.save(ids, self.cache.read_prefix(len(ids)))
+
     def decode_one_token(self, token: int, position: int) -> np.ndarray:
         """Feed ``token`` at ``position`` (its KV is written in place), return logits [V]."""
         self._token[0, 0] = token
@@ -282,7 +297,7 @@ class Generator:
         timeout_s: float | None = None,
     ) -> Iterator[TextChunk]:
         """Generate and yield text as it comes (see ``generate`` for the arguments)."""
-        state = _State()
+        state = StreamState()
         with self._lock:
             yield from self._stream(prompt, max_new_tokens, sampling, stop, timeout_s, state)
 
@@ -307,7 +322,7 @@ class Generator:
         Raises:
             ContextLengthExceededError: before any work, when the request cannot fit.
         """
-        state = _State()
+        state = StreamState()
         with self._lock:
             for _ in self._stream(prompt, max_new_tokens, sampling, stop, timeout_s, state):
                 pass
@@ -330,14 +345,33 @@ class Generator:
         sampling: SamplingConfig | None,
         stop: Sequence[str],
         timeout_s: float | None,
-        state: _State,
+        state: StreamState,
     ) -> Iterator[TextChunk]:
         started = time.perf_counter()
         stops = [s for s in stop if s]
         ids = self.encode(prompt)
         state.prompt_tokens = len(ids)
+        system = self._system_ids(prompt, ids) if self._store is not None else []
+        self.prefix_from_disk = len(system) if self._restore_prefix(system) else 0
+        try:
+            yield from self._generate(
+                ids, max_new_tokens, sampling, stops, timeout_s, state, started
+            )
+        finally:
+            self._store_prefix(system)  # after the answer: the write never delays a token
+
+    def _generate(
+        self,
+        ids: list[int],
+        max_new_tokens: int,
+        sampling: SamplingConfig | None,
+        stops: list[str],
+        timeout_s: float | None,
+        state: StreamState,
+        started: float,
+    ) -> Iterator[TextChunk]:
         deadline = None if timeout_s is None else started + timeout_s
-        detok = _Detokenizer(self._tok)
+        detok = Detokenizer(self._tok)
         text, emitted, pending = "", 0, 0
         state.finish = "length"
         for token in self.tokens(
@@ -353,8 +387,8 @@ class Generator:
             state.ids.append(token)
             pending += 1
             text += detok.push(token)
-            cut = _first_stop(text, stops, emitted)
-            safe = cut if cut is not None else len(text) - _held_back(text, stops)
+            cut = first_stop(text, stops, emitted)
+            safe = cut if cut is not None else len(text) - held_back(text, stops)
             if safe > emitted:
                 yield TextChunk(text=text[emitted:safe], token_ids=tuple(state.ids[-pending:]))
                 emitted, pending = safe, 0
@@ -365,7 +399,7 @@ class Generator:
             if deadline is not None and time.perf_counter() >= deadline:
                 state.finish = "deadline"
         text = self.decode(state.ids)  # the whole text: a trailing partial character included
-        tail = _first_stop(text, stops, emitted)
+        tail = first_stop(text, stops, emitted)
         if tail is not None:
             state.finish = "stop"
         end = len(text) if tail is None else tail
@@ -373,69 +407,3 @@ class Generator:
             yield TextChunk(
                 text=text[emitted:end], token_ids=tuple(state.ids[-pending:] if pending else ())
             )
-
-
-def render_chat(chat_format: Mapping[str, Any], messages: Sequence[Mapping[str, str]]) -> str:
-    """Render ``messages`` with a package's structured ``chat_format`` (the manifest's form of
-    the model's jinja template, checked against it at export) plus the generation prompt."""
-    if not messages:
-        raise InputError("messages must hold at least one message")
-    parts = [str(chat_format["prefix"])]
-    if messages[0].get("role") != "system" and chat_format.get("default_system") is not None:
-        messages = [{"role": "system", "content": chat_format["default_system"]}, *messages]
-    for message in messages:
-        if not isinstance(message.get("content"), str) or not message.get("role"):
-            raise InputError("each message needs a 'role' and a string 'content'")
-        parts.append(_fill(str(chat_format["message"]), message["role"], message["content"]))
-    parts.append(str(chat_format["generation_prompt"]))
-    return "".join(parts)
-
-
-def _fill(pattern: str, role: str, content: str) -> str:
-    """``pattern`` with ``{role}`` and ``{content}`` replaced in one pass (a content holding
-    "{role}" stays as it is)."""
-    fields = {"{role}": role, "{content}": content}
-    return _PLACEHOLDER.sub(lambda m: fields[m.group(0)], pattern)
-
-
-@dataclass
-class _State:
-    """What one generation measured and decided, filled in while it streams."""
-
-    prompt_tokens: int = 0
-    finish: FinishReason = "length"
-    ttft_s: float = 0.0
-    last_s: float = 0.0
-    count: int = 0
-
-    def __post_init__(self) -> None:
-        self.ids: list[int] = []
-
-    def tick(self, started: float) -> None:
-        now = time.perf_counter() - started
-        if self.count == 0:
-            self.ttft_s = now
-        self.last_s = now
-        self.count += 1
-
-    def decode_rate(self) -> float:
-        span = self.last_s - self.ttft_s
-        return (self.count - 1) / span if self.count > 1 and span > 0 else 0.0
-
-
-def _first_stop(text: str, stops: Sequence[str], emitted: int) -> int | None:
-    """Where the earliest stop string starts in ``text`` (searching from what could still
-    hold one), or None."""
-    found = [i for s in stops if (i := text.find(s, max(0, emitted - len(s) + 1))) >= 0]
-    return min(found) if found else None
-
-
-def _held_back(text: str, stops: Sequence[str]) -> int:
-    """How many trailing characters of ``text`` could begin a stop string (kept unsent)."""
-    longest = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), longest, -1):
-            if s.startswith(text[-n:]):
-                longest = n
-                break
-    return longest

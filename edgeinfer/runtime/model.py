@@ -5,23 +5,33 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgeinfer import providers as eps
-from edgeinfer.config import BatchConfig, CacheConfig, RuntimeConfig, SamplingConfig
+from edgeinfer.config import (
+    BatchConfig,
+    CacheConfig,
+    PrefixCacheConfig,
+    RuntimeConfig,
+    SamplingConfig,
+)
 from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import Manifest
+from edgeinfer.runtime.answers import Answer, Caches, Lookup, Value
 from edgeinfer.runtime.batching import DynamicBatcher, pad_rows
+from edgeinfer.runtime.chat import Prompt
 from edgeinfer.runtime.early_exit import SegmentRunner, validate_threshold
-from edgeinfer.runtime.generate import GenerationResult, Generator, Prompt, TextChunk
+from edgeinfer.runtime.generate import Generator
+from edgeinfer.runtime.images import ImageClassifier
 from edgeinfer.runtime.metrics import Metrics, MetricsSnapshot
 from edgeinfer.runtime.result_cache import ResultCache
 from edgeinfer.runtime.semantic_cache import SemanticCache
 from edgeinfer.runtime.session import GraphSession
+from edgeinfer.runtime.streaming import GenerationResult, TextChunk
 from edgeinfer.runtime.tasks import (
     ClassificationResult,
     EmbeddingResult,
@@ -36,32 +46,8 @@ __all__ = ["Model", "load"]
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"int64": np.int64, "int32": np.int32}
 # Texts per graph run: big enough to fill the cores, small enough to bound activation memory.
 DEFAULT_BATCH_SIZE = 32
-
-# A task's answer for one text: an embedding [D] float32 (read-only) or a ClassificationResult.
-Value = Any
-
-
-@dataclass(frozen=True)
-class _Answer:
-    """One text's answer on its way out: value, whether a cache gave it, its timings."""
-
-    value: Value
-    cached: bool = False
-    queue_ms: float = 0.0
-    compute_ms: float = 0.0
-
-
-@dataclass
-class _Lookup:
-    """What the caches found for one call's texts (``None`` answers are misses)."""
-
-    answers: list[_Answer | None]
-    keys: list[bytes] = field(default_factory=list)
-    hits: dict[str, int] = field(default_factory=dict)
-    vectors: dict[int, np.ndarray] = field(default_factory=dict)  # miss -> semantic embedding
 
 
 class Model:
@@ -86,6 +72,7 @@ class Model:
         config: RuntimeConfig,
         cache: CacheConfig | None = None,
         batching: BatchConfig | None = None,
+        prefix_cache: PrefixCacheConfig | None = None,
         load_started_s: float | None = None,
     ) -> None:
         started = time.perf_counter()
@@ -95,8 +82,7 @@ class Model:
         self._metrics = Metrics(model=manifest.name)
         self._metrics.mark_load_started(load_started_s or started)
         self._generator: Generator | None = None
-        self._cache: ResultCache[Value] | None = None
-        self._semantic: SemanticCache[Value] | None = None
+        self._caches: Caches | None = None
         self._batcher: DynamicBatcher[Value] | None = None
         if manifest.task == "generate":
             if cache is not None or batching is not None:
@@ -104,33 +90,40 @@ class Model:
                     "result caching and dynamic batching serve embed/classify "
                     "packages; load a generate package without them"
                 )
-            self._generator = Generator(path, manifest, config=config)  # warms itself up
+            self._generator = Generator(  # warms itself up
+                path, manifest, config=config, prefix_cache=prefix_cache
+            )
             self.providers = self._generator.providers
             self.load_breakdown_ms = {"session": (time.perf_counter() - started) * 1e3}
             self.cold_start_ms = 0.0
             return
+        if prefix_cache is not None:
+            raise ConfigError("prefix_cache serves generate packages; load this one without it")
         io = manifest.io
         requested = config.providers or tuple(manifest.providers)
         # An early-exit package runs its segments (runtime/early_exit.py) instead of one graph.
         self._exits: SegmentRunner | None = None
+        self._images: ImageClassifier | None = None
         if manifest.early_exit is not None:
             self._exits = SegmentRunner(path, manifest, providers=requested, config=config)
             self.providers = self._exits.providers
+            if self._exits.images:
+                self._images = ImageClassifier(manifest, self._exits)
         else:
             self._session = GraphSession(
                 path / io["graph"], providers=eps.resolve(requested), config=config
             )
             self.providers = self._session.providers
-        dtype = np.dtype(_DTYPES[io["inputs"][0]["dtype"]])
-        self._tokenizer = TextTokenizer(
-            path / io["tokenizer"],
-            max_seq_len=int(io["max_seq_len"]),
-            pad_id=int(manifest.tokens.get("pad") or 0),
-            dtype=dtype,
-        )
+            if "image" in io:  # an image classifier (docs/vision.md)
+                self._images = ImageClassifier(manifest, self._session)
+        if self._images is not None:  # pixels in: no tokenizer, cache or batcher
+            self._start_images(self._images, cache, batching, started)
+            return
+        self._tokenizer = TextTokenizer.for_package(path, manifest)
         if cache is not None:
-            self._cache = ResultCache.for_package(manifest, config=cache)
-            self._semantic = self._open_semantic(cache)
+            self._caches = Caches(
+                ResultCache.for_package(manifest, config=cache), self._open_semantic(cache)
+            )
         if batching is not None:
             name = f"edgeinfer-{manifest.name}"
             self._batcher = DynamicBatcher(self._run_rows, config=batching, name=name)
@@ -174,20 +167,29 @@ class Model:
         batch_size: int,
         truncate: bool,
         exit_threshold: float | None = None,
-    ) -> list[_Answer]:
+        exit_policy: str | None = None,
+    ) -> list[Answer]:
         started = time.perf_counter()
         items = validate_texts(texts, batch_size=batch_size)
         rows = self._tokenize(items, truncate=truncate)  # token ids [S_i] per text
         tokenized = time.perf_counter()
-        found = self._lookup(items, rows)
+        found = (
+            self._caches.lookup(items, rows)
+            if self._caches is not None
+            else Lookup(answers=[None] * len(rows))
+        )
         misses = [i for i, answer in enumerate(found.answers) if answer is None]
         if misses:
             computed = self._compute(
-                [rows[i] for i in misses], batch_size=batch_size, exit_threshold=exit_threshold
+                [rows[i] for i in misses],
+                batch_size=batch_size,
+                exit_threshold=exit_threshold,
+                exit_policy=exit_policy,
             )
             for i, answer in zip(misses, computed, strict=True):
                 found.answers[i] = answer
-            self._store(found, misses)
+            if self._caches is not None:
+                self._caches.store(found, misses)
         answers = [a for a in found.answers if a is not None]
         self._record(answers, found.hits, started_s=started, tokenized_s=tokenized)
         return answers
@@ -197,56 +199,48 @@ class Model:
         ids, mask = self._tokenizer.encode(items, truncate=truncate)  # [N, S], [N, S]
         return [ids[i, :n] for i, n in enumerate(mask.sum(axis=1))]
 
-    def _lookup(self, items: Sequence[str], rows: Sequence[np.ndarray]) -> _Lookup:
-        """Exact cache (memory, then disk), then the semantic cache for what is left."""
-        found = _Lookup(answers=[None] * len(rows))
-        if self._cache is None:
-            return found
-        found.keys = [self._cache.key(row) for row in rows]
-        for i, key in enumerate(found.keys):
-            hit = self._cache.get(key)
-            if hit is not None:
-                found.answers[i] = _Answer(hit[0], cached=True)
-                found.hits[hit[1]] = found.hits.get(hit[1], 0) + 1
-        missing = [i for i, answer in enumerate(found.answers) if answer is None]
-        if self._semantic is not None and missing:
-            vectors = self._semantic.embed([items[i] for i in missing])  # [M, D]
-            near = self._semantic.lookup(vectors)
-            for i, vector, neighbour in zip(missing, vectors, near, strict=True):
-                if neighbour is None:
-                    found.vectors[i] = vector
-                else:
-                    found.answers[i] = _Answer(neighbour[0], cached=True)
-                    found.hits["semantic"] = found.hits.get("semantic", 0) + 1
-        return found
-
     def _compute(
-        self, rows: list[np.ndarray], *, batch_size: int, exit_threshold: float | None = None
-    ) -> list[_Answer]:
+        self,
+        rows: list[np.ndarray],
+        *,
+        batch_size: int,
+        exit_threshold: float | None = None,
+        exit_policy: str | None = None,
+    ) -> list[Answer]:
         """Run the graph for ``rows``: through the dynamic batcher, or here in length order."""
         if self._batcher is not None:
             return [
-                _Answer(a.value, queue_ms=a.queue_ms, compute_ms=a.compute_ms)
+                Answer(a.value, queue_ms=a.queue_ms, compute_ms=a.compute_ms)
                 for a in self._batcher.submit(rows)
             ]
         order = sorted(range(len(rows)), key=lambda i: rows[i].shape[0])  # less padding
-        answers: list[_Answer | None] = [None] * len(rows)
+        answers: list[Answer | None] = [None] * len(rows)
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
             began = time.perf_counter()
-            values = self._run_rows([rows[i] for i in chunk], exit_threshold=exit_threshold)
+            values = self._run_rows(
+                [rows[i] for i in chunk], exit_threshold=exit_threshold, exit_policy=exit_policy
+            )
             compute_ms = (time.perf_counter() - began) * 1e3
             for i, value in zip(chunk, values, strict=True):
-                answers[i] = _Answer(value, compute_ms=compute_ms)
+                answers[i] = Answer(value, compute_ms=compute_ms)
         return [a for a in answers if a is not None]
 
     def _run_rows(
-        self, rows: list[np.ndarray], *, exit_threshold: float | None = None
+        self,
+        rows: list[np.ndarray],
+        *,
+        exit_threshold: float | None = None,
+        exit_policy: str | None = None,
     ) -> list[Value]:
         """Pad rows into one batch, run the graph, apply the task head: one value per row."""
         input_ids, attention_mask = pad_rows(rows, pad_id=self._tokenizer.pad_id)  # [B, S]
         if self._exits is not None:
-            return list(self._exits.classify(input_ids, attention_mask, threshold=exit_threshold))
+            return list(
+                self._exits.classify(
+                    input_ids, attention_mask, threshold=exit_threshold, exit_policy=exit_policy
+                )
+            )
         feeds = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -263,17 +257,8 @@ class Model:
             row.flags.writeable = False  # shared with the cache
         return rows_out
 
-    def _store(self, found: _Lookup, misses: list[int]) -> None:
-        """Put freshly computed answers into the exact and the semantic cache."""
-        fresh = [(i, found.answers[i]) for i in misses]
-        if self._cache is not None:
-            self._cache.put_many([(found.keys[i], a.value) for i, a in fresh if a is not None])
-        if self._semantic is not None and found.vectors:
-            done = [(found.vectors[i], a.value) for i, a in fresh if a is not None]
-            self._semantic.add(np.stack([v for v, _ in done]), [value for _, value in done])
-
     def _record(
-        self, answers: list[_Answer], hits: dict[str, int], *, started_s: float, tokenized_s: float
+        self, answers: list[Answer], hits: dict[str, int], *, started_s: float, tokenized_s: float
     ) -> None:
         metrics, task = self._metrics, self.task
         computed = [a for a in answers if not a.cached]
@@ -327,24 +312,39 @@ class Model:
 
     def classify(
         self,
-        texts: str | Sequence[str],
+        texts: str | Sequence[str] | np.ndarray,
         *,
         batch_size: int = DEFAULT_BATCH_SIZE,
         truncate: bool = True,
         exit_threshold: float | None = None,
+        exit_policy: str | None = None,
     ) -> list[ClassificationResult]:
         """Classify texts; one ``ClassificationResult`` per text, in input order (its
         ``cached``, ``queue_ms`` and ``compute_ms`` say where the answer came from).
 
-        On an early-exit package a text is answered by the first exit head whose max softmax
-        probability is >= ``exit_threshold`` (default: the one calibrated at export; 0: the
-        first head, > 1: the full depth) and ``exit_layer`` names that head's layer.
+        On an early-exit package an input is answered by the first exit head where
+        ``exit_policy`` (``max_softmax``, ``entropy`` or ``patience``; default: the one chosen
+        at export) passes ``exit_threshold`` (default: the calibrated one) and ``exit_layer``
+        names that head's layer (see docs/early_exit.md). An image early-exit package takes
+        a float32 array of intensities in [0, 1], [N, 1, H, W] or [N, H, W], instead of texts.
         """
         self._require("classify")
-        if exit_threshold is not None:
-            self._check_exit_threshold(exit_threshold)
+        if exit_threshold is not None or exit_policy is not None:
+            self._check_exit_rule(exit_threshold, exit_policy)
+        if self._images is not None:
+            return self._classify_images(
+                self._images,
+                texts,
+                batch_size=batch_size,
+                exit_threshold=exit_threshold,
+                exit_policy=exit_policy,
+            )
         answers = self._answer(
-            texts, batch_size=batch_size, truncate=truncate, exit_threshold=exit_threshold
+            texts,  # type: ignore[arg-type]  # validate_texts refuses what is not text
+            batch_size=batch_size,
+            truncate=truncate,
+            exit_threshold=exit_threshold,
+            exit_policy=exit_policy,
         )
         return [
             replace(a.value, cached=a.cached, queue_ms=a.queue_ms, compute_ms=a.compute_ms)
@@ -392,6 +392,12 @@ class Model:
             timeout_s=timeout_s,
         )
 
+    def warm_prefix(self, prefix: str) -> int:
+        """Load (or prefill and store) the keys/values of text every prompt starts with;
+        returns its token count. A chat's system message needs no call: it is kept
+        automatically. See ``docs/generation.md``."""
+        return self._need_generator().warm_prefix(prefix)
+
     def _need_generator(self) -> Generator:
         if self._generator is None:
             raise ConfigError(
@@ -407,17 +413,15 @@ class Model:
 
     def clear_cache(self) -> None:
         """Empty this model's result caches (memory, its SQLite file, the semantic cache)."""
-        if self._cache is not None:
-            self._cache.clear()
-        if self._semantic is not None:
-            self._semantic.clear()
+        if self._caches is not None:
+            self._caches.clear()
 
     def close(self) -> None:
         """Stop the batching thread and close the cache file; later calls may fail."""
         if self._batcher is not None:
             self._batcher.close()
-        if self._cache is not None:
-            self._cache.close()
+        if self._caches is not None:
+            self._caches.close()
 
     def __enter__(self) -> Model:
         return self
@@ -425,15 +429,65 @@ class Model:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _check_exit_threshold(self, threshold: float) -> None:
-        validate_threshold(threshold)
+    def _start_images(
+        self,
+        images: ImageClassifier,
+        cache: CacheConfig | None,
+        batching: BatchConfig | None,
+        started: float,
+    ) -> None:
+        """Warm up an image package (its images skip tokenizer, caches and batcher)."""
+        if cache is not None or batching is not None:
+            raise ConfigError(
+                f"{self.path.name} classifies images; load it without cache and batching"
+            )
+        session_done = time.perf_counter()
+        for _ in range(self.config.warmup_runs):
+            images.classify(images.blank(), batch_size=1)
+        self.load_breakdown_ms = {
+            "session": (session_done - started) * 1e3,
+            "warmup": (time.perf_counter() - session_done) * 1e3,
+        }
+        self.cold_start_ms = 0.0
+
+    def _classify_images(
+        self,
+        classifier: ImageClassifier,
+        images: Any,
+        *,
+        batch_size: int,
+        exit_threshold: float | None,
+        exit_policy: str | None,
+    ) -> list[ClassificationResult]:
+        """Classify an image array (runtime/images.py), with metrics."""
+        started = time.perf_counter()
+        results = classifier.classify(
+            images, batch_size=batch_size, exit_threshold=exit_threshold, exit_policy=exit_policy
+        )
+        metrics = self._metrics
+        metrics.observe("classify", "end_to_end", (time.perf_counter() - started) * 1e3)
+        metrics.observe_many("classify", "compute", (r.compute_ms for r in results))
+        metrics.count_cache("classify", hits={}, misses=len(results))
+        for r in results:
+            if r.exit_layer is not None:
+                metrics.count_exit("classify", r.exit_layer)
+        metrics.first_result()
+        return results
+
+    def _check_exit_rule(self, threshold: float | None, policy: str | None) -> None:
         if self._exits is None:
-            raise ConfigError(f"{self.path.name} has no exit heads; drop exit_threshold")
-        if self._cache is not None or self._batcher is not None:
+            raise ConfigError(
+                f"{self.path.name} has no exit heads; drop exit_threshold and exit_policy"
+            )
+        if self._caches is not None or self._batcher is not None:
             raise ConfigError(
                 "exit_threshold is per call, but cached and batched answers use the package's "
                 "default threshold; load without cache/batching to choose another"
             )
+        rule = policy or self._exits.default_policy
+        validate_threshold(self._exits.default_threshold if threshold is None else threshold, rule)
+        if threshold is None and rule != self._exits.default_policy:
+            raise ConfigError(f"pass exit_threshold with exit_policy={rule!r}")
 
     def _require(self, task: str) -> None:
         if self.manifest.task != task:
@@ -457,6 +511,7 @@ def load(
     config: RuntimeConfig | None = None,
     cache: CacheConfig | None = None,
     batching: BatchConfig | None = None,
+    prefix_cache: PrefixCacheConfig | None = None,
 ) -> Model:
     """Load a model package, verify it, start its session and warm it up.
 
@@ -469,6 +524,8 @@ def load(
         config: a full ``RuntimeConfig``; the keyword arguments above override its fields.
         cache: cache results (memory LRU, SQLite, optional semantic cache); ``None``: off.
         batching: gather concurrent calls into dynamic batches; ``None``: each call runs alone.
+        prefix_cache: keep a generate package's system-prompt keys/values on disk across
+            restarts (see ``docs/generation.md``); ``None``: in memory only.
 
     Raises:
         ManifestError, IntegrityError, PackageError, ProviderError, ConfigError.
@@ -489,7 +546,13 @@ def load(
         manifest.verify(path)
     verify_ms = (time.perf_counter() - verified) * 1e3
     model = Model(
-        path, manifest, config=config, cache=cache, batching=batching, load_started_s=started
+        path,
+        manifest,
+        config=config,
+        cache=cache,
+        batching=batching,
+        prefix_cache=prefix_cache,
+        load_started_s=started,
     )
     model.load_breakdown_ms = {"verify": verify_ms, **model.load_breakdown_ms}
     model.cold_start_ms = (time.perf_counter() - started) * 1e3

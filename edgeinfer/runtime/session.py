@@ -10,6 +10,7 @@ import numpy as np
 
 from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import InferenceError, PackageError
+from edgeinfer.providers import with_options
 
 __all__ = ["GraphSession", "session_options"]
 
@@ -44,7 +45,9 @@ class GraphSession:
 
         try:
             self._session = ort.InferenceSession(
-                str(path), sess_options=session_options(config), providers=providers
+                str(path),
+                sess_options=session_options(config),
+                providers=with_options(providers, package=path.parent),
             )
         except Exception as exc:  # ORT raises its own pybind classes, not a public hierarchy
             raise PackageError(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -21,6 +21,7 @@ __all__ = [
     "classification_results",
     "l2_normalize",
     "mean_pool",
+    "prepare_images",
     "softmax",
     "validate_texts",
 ]
@@ -110,6 +111,44 @@ def classification_results(logits: np.ndarray, labels: list[str]) -> list[Classi
             )
         )
     return results
+
+
+def prepare_images(images: Any, *, image: dict[str, Any]) -> np.ndarray:
+    """The graph's ``pixel_values`` [N, 3, H, W] float32 from what a caller passes.
+
+    ``image`` is the manifest's ``io["image"]`` (``height``, ``width``, ``mean``, ``std``).
+    Accepted: uint8 RGB [H, W, 3] or [N, H, W, 3] at the package's size (normalized here as
+    ``(pixel - mean) / std``), or float32 [3, H, W] or [N, 3, H, W] already normalized so.
+    Resizing is the caller's job: the runtime ships no image library.
+    """
+    h, w = int(image["height"]), int(image["width"])
+    if not isinstance(images, np.ndarray):
+        raise InputError(f"images must be a numpy array, got {type(images).__name__}")
+    if images.dtype == np.uint8:
+        batch = images[None] if images.ndim == 3 else images
+        if batch.ndim != 4 or batch.shape[1:] != (h, w, 3) or len(batch) == 0:
+            raise InputError(
+                f"uint8 images must be RGB [N, {h}, {w}, 3] or [{h}, {w}, 3], got "
+                f"{list(images.shape)}; resize (e.g. center crop, then {h}x{w}) first"
+            )
+        mean = np.asarray(image["mean"], np.float32)  # [3]
+        std = np.asarray(image["std"], np.float32)  # [3]
+        pixels = (batch.astype(np.float32) - mean) / std  # [N, H, W, 3]
+        return np.ascontiguousarray(pixels.transpose(0, 3, 1, 2))  # [N, 3, H, W]
+    if images.dtype == np.float32:
+        batch = images[None] if images.ndim == 3 else images
+        if batch.ndim != 4 or batch.shape[1:] != (3, h, w) or len(batch) == 0:
+            raise InputError(
+                f"float32 images must be normalized pixel_values [N, 3, {h}, {w}] or "
+                f"[3, {h}, {w}], got {list(images.shape)}"
+            )
+        if not np.isfinite(batch).all():
+            raise InputError("float32 images hold NaN or infinite values")
+        return np.ascontiguousarray(batch)
+    raise InputError(
+        f"images must be uint8 RGB [N, {h}, {w}, 3] or float32 [N, 3, {h}, {w}], "
+        f"got dtype {images.dtype}"
+    )
 
 
 def validate_texts(texts: str | Sequence[str], *, batch_size: int) -> list[str]:

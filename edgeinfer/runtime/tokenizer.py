@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from edgeinfer.errors import InputError, PackageError
+from edgeinfer.manifest import Manifest
 
-__all__ = ["TextTokenizer"]
+__all__ = ["Detokenizer", "TextTokenizer"]
+
+_DTYPES = {"int64": np.int64, "int32": np.int32}
 
 
 class TextTokenizer:
@@ -35,6 +39,17 @@ class TextTokenizer:
         self.max_seq_len = max_seq_len
         self.pad_id = pad_id
         self.dtype = dtype
+
+    @classmethod
+    def for_package(cls, package: Path, manifest: Manifest) -> TextTokenizer:
+        """The tokenizer of a text package, with the pad id and integer type its graph takes."""
+        io = manifest.io
+        return cls(
+            package / io["tokenizer"],
+            max_seq_len=int(io["max_seq_len"]),
+            pad_id=int(manifest.tokens.get("pad") or 0),
+            dtype=np.dtype(_DTYPES[io["inputs"][0]["dtype"]]),
+        )
 
     def encode(
         self, texts: Sequence[str], *, truncate: bool = True
@@ -64,3 +79,26 @@ class TextTokenizer:
             ids[row, : len(enc.ids)] = enc.ids
             mask[row, : len(enc.ids)] = 1
         return ids, mask
+
+
+class Detokenizer:
+    """Incremental detokenization: emit text only once its bytes form whole characters.
+
+    Decodes a short window (from ``prefix`` to the end) and emits what it adds to the window's
+    already-emitted part, unless it ends in U+FFFD (a multi-byte character not yet complete).
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+        self.ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        done = self._tok.decode(self.ids[self._prefix : self._read])
+        window = self._tok.decode(self.ids[self._prefix :])
+        if len(window) <= len(done) or window.endswith("\ufffd"):
+            return ""
+        self._prefix, self._read = self._read, len(self.ids)
+        return str(window[len(done) :])

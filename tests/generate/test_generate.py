@@ -14,8 +14,9 @@ from edgeinfer.config import RuntimeConfig, SamplingConfig
 from edgeinfer.errors import ConfigError, ContextLengthExceededError, InputError
 from edgeinfer.export.lm import full_logits
 from edgeinfer.manifest import Manifest
-from edgeinfer.runtime.generate import Generator, _Detokenizer
+from edgeinfer.runtime.generate import Generator
 from edgeinfer.runtime.sampling import Sampler
+from edgeinfer.runtime.tokenizer import Detokenizer
 
 PROMPTS = ["The market rose", "Chelsea won the cup after a long season of"]
 CHAT = [{"role": "user", "content": "Name three rivers in Europe."}]
@@ -84,7 +85,7 @@ def test_incremental_detokenization_never_splits_a_character(tiny: Generator) ->
     text = "Zürich — 東京 costs 5 € 🙂 naïve"
     ids = tiny.encode(text)
     assert len(ids) > len(text.split())  # multi-byte characters span several tokens
-    detok = _Detokenizer(tiny._tok)
+    detok = Detokenizer(tiny._tok)
     pieces = [detok.push(i) for i in ids]
     assert "".join(pieces) == text
     assert all("\ufffd" not in piece for piece in pieces)

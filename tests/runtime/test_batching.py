@@ -77,6 +77,51 @@ def test_a_full_bucket_runs_without_waiting_for_max_wait() -> None:
     batcher.close()
 
 
+def test_adaptive_wait_skips_max_wait_for_a_lone_caller_only() -> None:
+    """One caller at a time never waits for company that is not coming; with
+    adaptive_wait=False the same lone row waits until the batch fills."""
+    minute = 60_000.0  # a lone row that waited this long would fail the test by timing out
+    recorder = Recorder()
+    batcher = DynamicBatcher(recorder, config=BatchConfig(max_batch_size=4, max_wait_ms=minute))
+    for i in range(3):
+        (answer,) = batcher.submit([np.array([i + 1])])
+        assert answer.value == i + 1 and answer.batch_size == 1
+    assert recorder.batches == [[1], [1], [1]]
+    batcher.close()
+
+    recorder = Recorder()
+    config = BatchConfig(max_batch_size=4, max_wait_ms=minute, adaptive_wait=False)
+    waiting = DynamicBatcher(recorder, config=config)
+    done = threading.Event()
+    threading.Thread(target=lambda: (waiting.submit([np.array([1])]), done.set())).start()
+    assert not done.wait(timeout=0.5)  # still waiting for company
+    waiting.submit([np.array([2]), np.array([3]), np.array([4])])  # fills the batch
+    assert done.wait(timeout=30) and recorder.batches == [[1, 1, 1, 1]]
+    waiting.close()
+
+
+def test_workers_run_batches_at_once_and_split_calls_are_answered_whole() -> None:
+    """Two workers: two batches are in flight together (each waits for the other at a
+    barrier, which one worker could never pass), and a call whose rows went to different
+    workers gets every answer in order."""
+    barrier = threading.Barrier(2, timeout=30)
+    recorder = Recorder()
+
+    def meet(rows: list[np.ndarray]) -> list[int]:
+        if int(rows[0][0]) < 0:
+            barrier.wait()
+        return recorder(rows)
+
+    config = BatchConfig(max_batch_size=1, max_wait_ms=0, workers=2)
+    batcher = DynamicBatcher(meet, config=config)
+    with ThreadPoolExecutor(2) as pool:
+        pair = list(pool.map(lambda v: batcher.submit([np.array([v])])[0].value, [-1, -2]))
+    assert pair == [-1, -2]
+    rows = [np.full(n, n) for n in range(1, 9)]
+    assert [a.value for a in batcher.submit(rows)] == [n * n for n in range(1, 9)]
+    batcher.close()
+
+
 def test_a_failed_batch_reaches_its_callers_and_the_batcher_goes_on() -> None:
     recorder = Recorder()
     recorder.fail_on = 7

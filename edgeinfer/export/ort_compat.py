@@ -1,0 +1,137 @@
+"""Every onnxruntime-version workaround of the export, in one place, each with its reason.
+
+Measured with onnxruntime 1.32 on a 2-core x86-64 AVX2 CPU without VNNI. When onnxruntime
+changes, this module is the one to re-check (``tests/vision`` fails if a workaround breaks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+__all__ = [
+    "DECODER_WEIGHT_TYPE",
+    "FP16_KEEP_FP32_OPS",
+    "UNTYPED_AS_FLOAT",
+    "avx2_weight_overrides",
+    "fix_batch",
+    "float_input_nodes",
+    "preprocess",
+    "qnn_preprocess",
+]
+
+# The transformer optimizer's output holds contrib ops (Attention, SkipLayerNorm) whose
+# outputs have no inferred type; the quantizer then stops with "tensor type unknown" unless it
+# is told to assume float (1 = onnx.TensorProto.FLOAT).
+UNTYPED_AS_FLOAT: Mapping[str, int] = MappingProxyType({"DefaultTensorType": 1})
+
+# Decoder MatMul weights are *unsigned*. With signed per-channel weights every column spans
+# the full [-127, 127] range, and onnxruntime's AVX2 u8 x s8 ``MatMulInteger`` kernel saturates
+# its int16 pairwise sums (255 x 127 x 2 > 32767): on SmolLM2 perplexity went from 32 to 1e7
+# and next-token agreement to 0.06 %. An isolated ``MatMulInteger`` with those weights was off
+# by 21487 from the exact integer product (onnxruntime 1.32, AMD EPYC without VNNI);
+# ``reduce_range`` is not applied to per-channel MatMul weights there. Per-tensor scales leave
+# most weights small, so saturation is rare there, which is why only per-channel broke. The
+# u8 x u8 kernel has no such saturation.
+DECODER_WEIGHT_TYPE = "QUInt8"
+
+# The fp16 converter keeps these ops in fp32: reductions whose sums can pass fp16's 65504,
+# ops whose outputs need fp32 resolution (probabilities, coordinates), all cheap next to the
+# convolutions. (On x86, onnxruntime's CPU provider has fp16 kernels for none of this CNN's
+# ops: its InsertCastTransformer runs Conv, Clip and Gemm in fp32 between Casts, which is why
+# an fp16 package runs on the CPU at all, for parity, and never faster there.)
+FP16_KEEP_FP32_OPS = (
+    "GlobalAveragePool",
+    "ReduceMean",
+    "Softmax",
+    "TopK",
+    "Resize",
+    "Range",
+    "NonMaxSuppression",
+)
+
+
+def preprocess(graph: Path, out_path: Path, *, contrib_ops: bool = False) -> None:
+    """onnxruntime's recommended pre-processing before quantization: symbolic shape inference,
+    its graph optimizations (constant folding folds the exporter's "same" padding into the
+    convolutions) and ONNX shape inference.
+
+    Workaround, ``contrib_ops``: symbolic shape inference fails on the transformer optimizer's
+    fused contrib ops, so it is skipped for those graphs; the rest still runs.
+    """
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    quant_pre_process(str(graph), str(out_path), skip_symbolic_shape=contrib_ops)
+
+
+def avx2_weight_overrides(model: Any) -> dict[str, list[dict[str, Any]]]:
+    """7-bit weights for every convolution and Gemm that onnxruntime runs as an int8 GEMM.
+
+    Workaround: the AVX2 u8 x s8 kernel (no VNNI) sums pairs of products into int16
+    (``vpmaddubsw``) and saturates once two uint8 activations near 255 meet two weights near
+    127 (255 x 127 x 2 > 32767). ReLU6 networks put many activations at the top of their range.
+    Probe on 100 small crops of the built-in photos, EfficientNet-Lite0: full 8-bit weights
+    kept 38 % top-1 agreement with fp32 (logit correlation 0.85); the same graph without
+    saturation (session option ``session.x64quantprecision=1``, slower than fp32 here) 73 %
+    (correlation 0.99). ``reduce_range`` on every weight gave 58 %: it also halves the depthwise
+    weights, whose kernel does not saturate and whose 9 taps per channel need the 8th bit. So
+    only GEMM-backed weights get 7 bits (per-channel, through tensor overrides); with the stem
+    in fp32 too (``float_input_nodes``) that probe reached 78 % (gate numbers: docs/vision.md).
+    """
+    overrides: dict[str, list[dict[str, Any]]] = {}
+    for node in model.graph.node:
+        if node.op_type == "Conv":
+            group = next((a.i for a in node.attribute if a.name == "group"), 1)
+            if group == 1:
+                overrides[node.input[1]] = [{"axis": 0, "reduce_range": True}]
+        elif node.op_type in ("Gemm", "MatMul") and len(node.input) > 1:
+            overrides[node.input[1]] = [{"reduce_range": True}]
+    return overrides
+
+
+def float_input_nodes(model: Any) -> list[str]:
+    """Nodes that read a graph input directly (a CNN's stem convolution): left in fp32.
+
+    Workaround, same cause as ``avx2_weight_overrides``: the stem sees the whole image range,
+    and its 27 taps per filter lost the most at 7 bits (same probe, crops where fp32 is
+    decided: agreement 91.5 % -> 96.3 % with the stem in fp32); it is ~3 % of the FLOPs.
+    """
+    inputs = {i.name for i in model.graph.input}
+    return [n.name for n in model.graph.node if n.op_type == "Conv" and n.input[0] in inputs]
+
+
+def qnn_preprocess(graph: Path, out_path: Path) -> bool:
+    """onnxruntime's ``qnn_preprocess_model`` on ``graph``; True when it wrote ``out_path``.
+
+    Workaround: it fails with "cannot convert dictionary update sequence element" on a model
+    that carries ``metadata_props`` (it updates a dict with the protobuf entries), and
+    ``quant_pre_process`` writes one; the props only describe earlier tools, so they go.
+    """
+    import onnx
+    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+
+    model = onnx.load(str(graph))
+    del model.metadata_props[:]
+    return bool(qnn_preprocess_model(model, str(out_path)))
+
+
+def fix_batch(graph: Path, out_path: Path, *, batch: int) -> None:
+    """Write ``graph`` with its symbolic batch dimension set to ``batch`` everywhere, then
+    re-infer shapes so every tensor has a static shape (NPU compilers need them)."""
+    import onnx
+    from onnxruntime.tools.onnx_model_utils import fix_output_shapes, make_dim_param_fixed
+
+    model = onnx.load(str(graph))
+    names = {
+        d.dim_param
+        for v in [*model.graph.input, *model.graph.output]
+        for d in v.type.tensor_type.shape.dim
+        if d.dim_param
+    }
+    for name in names:
+        make_dim_param_fixed(model.graph, name, batch)
+    fix_output_shapes(model)
+    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    onnx.save(model, str(out_path))

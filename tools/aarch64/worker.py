@@ -1,0 +1,66 @@
+"""Run one package on fixed inputs and print its outputs and footprint as JSON.
+
+tools/check_aarch64.sh runs this file twice per package, with the same arguments: in this
+machine's interpreter and in the emulated aarch64 one (which has only the lean wheel set:
+numpy, onnxruntime, tokenizers, edgeinfer). It uses nothing but the public runtime API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+
+TEXTS = (
+    "hello world",
+    "The bank raised rates.",
+    "Rates went up at the central bank on Tuesday.",
+    "A river runs through the old town, past the mill.",
+    "Quantized models run fast on small devices.",
+)
+PROMPTS = ("The capital of France is", "List three rivers:")
+NEW_TOKENS = 8  # a few greedy tokens: emulated decoding runs ~1 token/s
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("package")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    from edgeinfer import footprint
+    from edgeinfer.runtime import load
+
+    libraries = footprint.memory_usage()
+    model = load(args.package, threads=args.threads)
+    outputs: object
+    if model.task == "generate":
+        outputs = [list(model.generate(p, max_new_tokens=NEW_TOKENS).token_ids) for p in PROMPTS]
+    elif model.task == "classify":
+        outputs = [r.label for r in model.classify(list(TEXTS))]
+    else:
+        outputs = model.embed(list(TEXTS)).tolist()
+    serving = footprint.memory_usage()
+    found = footprint.ServingFootprint(
+        package=args.package,
+        task=model.task,
+        machine=platform.machine(),
+        libraries=libraries,
+        serving=serving,
+        distributions=tuple(footprint.distribution_sizes(footprint.loaded_distributions())),
+    )
+    json.dump(
+        {
+            "python": platform.python_version(),
+            "precision": model.manifest.precision,
+            "outputs": outputs,
+            "footprint": found.to_dict(),
+        },
+        sys.stdout,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
