@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,24 @@ def test_packages_give_the_same_answers_on_aarch64(
     assert {d["name"].lower() for d in installed["lean"]} < {
         d["name"].lower() for d in installed["full"]
     }
+
+
+def test_greedy_tokens_may_part_only_at_a_near_tie() -> None:
+    sys.path.insert(0, str(ROOT / "tools" / "aarch64"))
+    try:
+        import check
+    finally:
+        sys.path.remove(str(ROOT / "tools" / "aarch64"))
+    x86 = [{"tokens": [5, 6, 7], "margins": [2.0, 0.05, 1.0]}]
+    tie = [{"tokens": [5, 9, 7], "margins": [2.0, 0.04, 1.0]}]
+    ok, said = check.judge("generate", "int8", x86, tie, None, None)
+    assert ok and "near-tie" in said
+    wide = [{"tokens": [9, 6, 7], "margins": [1.9, 0.05, 1.0]}]
+    ok, said = check.judge("generate", "int8", x86, wide, None, None)
+    assert not ok and "DIFFERENT" in said
+    stopped = [{"tokens": [5], "margins": [2.0, 0.05, 1.0]}]  # eos where x86 went on
+    assert check.judge("generate", "int8", x86, stopped, None, None)[0]
+    assert check.judge("generate", "int8", x86, x86, None, None) == (
+        True,
+        "greedy tokens: equal [5, 6, 7]",
+    )

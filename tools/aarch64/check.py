@@ -4,7 +4,7 @@ Run by tools/check_aarch64.sh once the arm64 root and the wheel sites are ready.
 package, tools/aarch64/worker.py runs in this machine's interpreter and, per emulated CPU, in the
 arm64 root's interpreter (`qemu-aarch64-static -L ROOT ROOT/usr/bin/python3 -S`, on the lean
 wheel set only). What must hold:
-  - generate: the greedy tokens are equal;
+  - generate: the greedy tokens are equal, or part ways only at a near-tie (NEAR_TIE_LOGITS);
   - classify: the labels are equal;
   - embed, fp32: cosine >= 0.999 for every text;
   - embed, int8: with `--reference FP32_PKG`, the aarch64 vectors pass the package's own accuracy
@@ -32,6 +32,10 @@ from edgeinfer.manifest import Manifest
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "worker.py"
+# Greedy decoding may part ways only where the two best logits are this close on both machines:
+# the x86 AVX2 and Arm int8 kernels round differently (MiniLM int8 cosine between them 0.989),
+# so such a step is a coin toss between them; any other difference fails the check.
+NEAR_TIE_LOGITS = 0.25
 MIN_COSINE = 0.999
 # Cosine floors of the export's gate (edgeinfer/export/validate.py): mean >= 1 - loss,
 # min >= 1 - 3 * loss.
@@ -102,8 +106,23 @@ def judge(
 ) -> tuple[bool, str]:
     """Whether the aarch64 outputs hold against this machine's, and the evidence in words."""
     if task == "generate":
-        equal = x86 == arm
-        return equal, f"greedy tokens {'equal' if equal else 'DIFFER'}: {arm}"
+        said, ok = [], True
+        for ours, theirs in zip(x86, arm, strict=True):
+            pairs = zip(ours["tokens"], theirs["tokens"], strict=False)
+            step = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+            if step is None and len(ours["tokens"]) != len(theirs["tokens"]):
+                step = min(len(ours["tokens"]), len(theirs["tokens"]))  # one stopped (eos)
+            if step is None:
+                said.append(f"equal {theirs['tokens']}")
+                continue
+            gap = max(ours["margins"][step], theirs["margins"][step])
+            tie = gap < NEAR_TIE_LOGITS
+            ok = ok and tie
+            said.append(
+                f"equal up to step {step}, then a {'near-tie' if tie else 'DIFFERENT choice'} "
+                f"(top-2 logit gap {gap:.3f}, near-tie < {NEAR_TIE_LOGITS})"
+            )
+        return ok, "greedy tokens: " + "; ".join(said)
     if task == "classify":
         agree = sum(a == b for a, b in zip(x86, arm, strict=True))
         return agree == len(x86), f"labels equal {agree}/{len(x86)}"

@@ -23,6 +23,28 @@ PROMPTS = ("The capital of France is", "List three rivers:")
 NEW_TOKENS = 8  # a few greedy tokens: emulated decoding runs ~1 token/s
 
 
+def greedy_margins(package: str, prompt: str, *, threads: int) -> list[float]:
+    """The gap between the two best logits at each greedy step (what a near-tie looks like)."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from edgeinfer.config import RuntimeConfig
+    from edgeinfer.manifest import Manifest
+    from edgeinfer.runtime.generate import Generator
+
+    config = RuntimeConfig(threads=threads)
+    generator = Generator(Path(package), Manifest.read(package), config=config)
+    ids = generator.encode(prompt)
+    logits = np.array(generator.prefill(ids))  # [V]
+    margins = []
+    for step in range(NEW_TOKENS):
+        top2 = np.partition(logits, -2)[-2:]
+        margins.append(float(top2[1] - top2[0]))
+        logits = np.array(generator.decode_one_token(int(np.argmax(logits)), len(ids) + step))
+    return margins
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("package")
@@ -50,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         serving=serving,
         distributions=tuple(footprint.distribution_sizes(footprint.loaded_distributions())),
     )
+    if model.task == "generate":  # after the footprint: this loads a second generator
+        margins = [greedy_margins(args.package, p, threads=args.threads) for p in PROMPTS]
+        outputs = [{"tokens": t, "margins": m} for t, m in zip(outputs, margins, strict=True)]
     json.dump(
         {
             "python": platform.python_version(),
