@@ -12,12 +12,17 @@ from edgeinfer.bench.runner import BenchResult
 __all__ = ["generation_plot", "generation_table", "plot", "table"]
 
 
+def _input(result: BenchResult) -> str:
+    """What one input was: a text of ``seq_len`` tokens, or an image (``seq_len`` 0)."""
+    return f"seq {result.seq_len} tokens" if result.seq_len else "one image"
+
+
 def table(result: BenchResult) -> Table:
     """A rich table: one row per candidate, the subject first, speedups vs the subject."""
     config = result.config
     out = Table(
         title=(
-            f"batch {config.batch} · seq {result.seq_len} tokens · {config.thread_count} "
+            f"batch {config.batch} · {_input(result)} · {config.thread_count} "
             f"threads · {result.results[0].latency.count} runs"
         ),
     )
@@ -69,7 +74,7 @@ def plot(result: BenchResult, path: Path) -> None:
     ax.set_yticks(range(1, len(labels) + 1), labels)
     ax.set_xlabel("latency per request (ms); whiskers at p1 and p99")
     ax.set_title(
-        f"edgeinfer bench: batch {result.config.batch}, seq {result.seq_len} tokens, "
+        f"edgeinfer bench: batch {result.config.batch}, {_input(result)}, "
         f"{result.config.thread_count} threads"
     )
     ax.grid(axis="x", alpha=0.3)
