@@ -17,7 +17,7 @@ import numpy as np
 
 from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import AccuracyGateError, SlowerQuantizationError
-from edgeinfer.export import calibrate, decoder, lm, package, quantize
+from edgeinfer.export import calibrate, decoder_graph, lm, package, quantize
 
 if TYPE_CHECKING:
     from edgeinfer.export.pipeline import _Run
@@ -138,12 +138,12 @@ def export_generate(run: _Run, partial: Path) -> None:
     context = min(source.max_seq_len, MAX_PACKAGE_CONTEXT)
     with run.stage("convert"):
         model = lm.load_decoder(source)
-        geo = decoder.DecoderGeometry.from_config(source.config, context_length=context)
+        geo = decoder_graph.DecoderGeometry.from_config(source.config, context_length=context)
         fp32 = work / "fp32.onnx"
-        decoder.build_graph(lm.state_numpy(model), geo, fp32)
+        decoder_graph.build_graph(lm.state_numpy(model), geo, fp32)
         tok_info = lm.prepare_decoder_tokenizer(source, tokenizer)
     io = {
-        **decoder.io_fields(geo),
+        **decoder_graph.io_fields(geo),
         "max_seq_len": context,
         "source_context_length": source.max_seq_len,
         "stop_token_ids": tok_info["stop_token_ids"],
