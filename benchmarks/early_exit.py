@@ -3,7 +3,7 @@ depth. Text: BBC News on MiniLM, both input variants (headline + first sentence;
 to 128 tokens). Vision (``--model mnist-cnn``): the MNIST CNN with an exit per conv block.
 
     .venv/bin/python benchmarks/early_exit.py --out pkg/ee-bench [--articles N] [--json F]
-    .venv/bin/python benchmarks/early_exit.py --model mnist-cnn --out ee-cnn [--threads 1] [--json F]
+    .venv/bin/python benchmarks/early_exit.py --model mnist-cnn --out ee-cnn [--threads 1]
 
 The vision run is ``edgeinfer bench PKG --early-exit-curve`` (edgeinfer/bench/early_exit_curve.py)
 on a package this script builds; the text run is described below.
@@ -29,10 +29,14 @@ from typing import Any
 import numpy as np
 
 import edgeinfer
+from edgeinfer.config import RuntimeConfig
 from edgeinfer.export.early_exit_calibrate import NEVER_EXIT, LabelledSplit, labelled_split
-from edgeinfer.export.pipeline import ExportOptions, export
+from edgeinfer.export.options import EarlyExitOptions, ExportOptions
+from edgeinfer.export.run import export
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.batching import pad_rows
+from edgeinfer.runtime.early_exit import SegmentRunner
+from edgeinfer.runtime.tokenizer import TextTokenizer
 
 BATCH = 16
 
@@ -49,10 +53,9 @@ def build(args: argparse.Namespace) -> Path:
             out=out,
             task="classify",
             quantize="none" if vision else args.quantize,
-            early_exit=True,
-            exit_every=args.exit_every,
-            train_data="mnist" if vision else "bbc",
-            early_exit_articles=args.articles,
+            builder=EarlyExitOptions(
+                exit_every=None if vision else args.exit_every, limit=args.articles
+            ),
             max_accuracy_loss=args.max_accuracy_loss,
             overwrite=True,
             threads=args.threads,
@@ -92,9 +95,9 @@ def measure(model: edgeinfer.Model, split: LabelledSplit, tau: float) -> dict[st
 
 def policies(model: edgeinfer.Model, split: LabelledSplit, tau: float) -> dict[str, float]:
     """Mean ms per batch of ``BATCH`` texts for each batch policy (same answers either way)."""
-    runner = model._exits  # the segment runner behind classify
-    assert runner is not None
-    tokenizer = model._tokenizer
+    config = RuntimeConfig(threads=model.config.threads, warmup_runs=0)
+    runner = SegmentRunner(model.path, model.manifest, config=config)  # what classify runs
+    tokenizer = TextTokenizer.for_package(model.path, model.manifest)
     ids, mask = tokenizer.encode(split.texts)
     rows = [ids[i, : int(n)] for i, n in enumerate(mask.sum(axis=1))]
     out: dict[str, list[float]] = {"leave": [], "all": []}

@@ -35,6 +35,8 @@ callers that caught those still do.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AccuracyGateError",
     "BridgeError",
@@ -76,11 +78,9 @@ class MissingDependencyError(EdgeInferError, ImportError):
 
     code = "missing_extra"
 
-    def __init__(self, module: str, extra: str) -> None:
-        super().__init__(
-            f"{module!r} is not installed; it comes with the {extra!r} extra: "
-            f"pip install 'edgeinfer[{extra}]'"
-        )
+    def __init__(self, module: str, extra: str = "", *, install: str | None = None) -> None:
+        how = install or f"it comes with the {extra!r} extra: pip install 'edgeinfer[{extra}]'"
+        super().__init__(f"{module!r} is not installed; {how}")
         self.module = module
         self.extra = extra
 
@@ -122,9 +122,11 @@ class InferenceError(EdgeInferError):
 
 
 class ExportError(EdgeInferError):
-    """``edgeinfer export`` failed."""
+    """``edgeinfer export`` failed. ``report`` holds what the export measured before it
+    failed (the ``report.json`` it would have written), for ``edgeinfer export --json``."""
 
     code = "export"
+    report: dict[str, Any] | None = None
 
 
 class ConversionError(ExportError):

@@ -12,9 +12,10 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from edgeinfer.errors import IntegrityError, ManifestError
+from edgeinfer.errors import IntegrityError, ManifestError, PackageError
+from edgeinfer.package_io import PackageIO, io_from_dict, io_to_dict
 
 __all__ = [
     "ENGINE_CACHE_DIR_KEY",
@@ -27,13 +28,15 @@ __all__ = [
     "sha256_file",
 ]
 
-SCHEMA_VERSION = 1
+# 2: ``io`` is typed by ``io.kind``; 1 is still read (``_upgrade_v1``).
+SCHEMA_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 # manifest ``extra`` key: the TensorRT engine cache folder, relative to the package.
 ENGINE_CACHE_DIR_KEY = "engine_cache_dir"
 Task = Literal["embed", "classify", "generate"]
 TASKS: tuple[str, ...] = ("embed", "classify", "generate")
 _CHUNK_BYTES = 1 << 20
+IO = TypeVar("IO")
 
 
 def sha256_file(path: Path) -> str:
@@ -55,11 +58,11 @@ class FileEntry:
 
 @dataclass(frozen=True)
 class Manifest:
-    """The parsed ``manifest.json`` of a model package (schema v1).
+    """The parsed ``manifest.json`` of a model package (schema v2).
 
-    ``io`` holds ``graph`` (the ONNX file), ``tokenizer`` (the tokenizer file), ``inputs`` and
-    ``outputs`` (lists of ``{name, dtype, shape}``), ``max_seq_len`` and the task's own fields
-    (``embedding_dim``, ``pooling``, ``normalize`` for embeddings; ``labels`` for classifiers).
+    ``io`` is the package kind's typed IO (``package_io``): which files to load and what the
+    graphs take and return. ``early_exit`` holds the exit rule of ``exit-segments`` packages;
+    ``smoke`` a few inputs with their expected outputs, checked after a deploy.
     """
 
     name: str
@@ -70,17 +73,26 @@ class Manifest:
     precision: str
     quantization: dict[str, Any]
     providers: list[str]
-    io: dict[str, Any]
+    io: PackageIO
     tokens: dict[str, int | None]
     accuracy: dict[str, Any]
     files: dict[str, FileEntry]
     early_exit: dict[str, Any] | None = None
+    smoke: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the manifest as plain JSON-ready data."""
-        return asdict(self)
+        return {**asdict(self), "io": io_to_dict(self.io)}
+
+    def io_as(self, kind: type[IO]) -> IO:
+        """``io`` as the kind ``kind`` (a ``package_io`` class); ``PackageError`` otherwise."""
+        if not isinstance(self.io, kind):
+            raise PackageError(
+                f"{self.name} is a {self.io.kind!r} package, not {getattr(kind, 'kind', kind)!r}"
+            )
+        return self.io
 
     def write(self, folder: Path) -> Path:
         """Write ``manifest.json`` into ``folder`` and return its path."""
@@ -104,6 +116,9 @@ class Manifest:
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
         """Build a manifest from parsed JSON, refusing other schemas and missing fields."""
         version = data.get("schema_version")
+        if version == 1:
+            data = _upgrade_v1(data)
+            version = SCHEMA_VERSION
         if version != SCHEMA_VERSION:
             raise ManifestError(
                 f"manifest schema_version {version!r} is not supported by this edgeinfer "
@@ -116,7 +131,7 @@ class Manifest:
                 str(name): FileEntry(sha256=str(e["sha256"]), bytes=int(e["bytes"]))
                 for name, e in data["files"].items()
             }
-            return cls(**{**data, "files": files})
+            return cls(**{**data, "files": files, "io": io_from_dict(data.get("io"))})
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ManifestError(f"manifest is malformed: {exc}") from exc
 
@@ -163,3 +178,22 @@ def file_entries(folder: Path, names: list[str]) -> dict[str, FileEntry]:
         name: FileEntry(sha256=sha256_file(folder / name), bytes=(folder / name).stat().st_size)
         for name in sorted(names)
     }
+
+
+def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A schema 1 manifest in schema 2 form: its ``io.kind`` follows from the task and the
+    fields version 1 wrote for each kind (the only place a kind is inferred)."""
+    io = dict(data.get("io") or {})
+    early_exit = data.get("early_exit")
+    if data.get("task") == "generate":
+        kind = "decoder"
+    elif early_exit:
+        kind = "exit-segments"
+        io["input"] = early_exit.get("input", "text")
+        io["graphs"] = [s["graph"] for s in early_exit.get("segments", [])]
+        io.pop("graph", None)
+    elif "image" in io:
+        kind = "image-classifier"
+    else:
+        kind = "text-encoder" if data.get("task") == "embed" else "text-classifier"
+    return {**data, "schema_version": SCHEMA_VERSION, "io": {"kind": kind, **io}}

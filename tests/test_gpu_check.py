@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kv_io import decoder_io
 
 from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import ENGINE_CACHE_DIR_KEY, Manifest
@@ -88,13 +89,7 @@ def test_kv_cache_device_follows_the_first_provider() -> None:
     assert device_for(["CUDAExecutionProvider", "CPUExecutionProvider"]) == "cuda"
     assert device_for(["TensorrtExecutionProvider", "CUDAExecutionProvider"]) == "cuda"
     assert device_for(["CPUExecutionProvider"]) == "cpu"
-    io = {
-        "kv_layout": "shared-buffer",
-        "past_names": [["past.0.key", "past.0.value"]],
-        "present_names": [["present.0.key", "present.0.value"]],
-        "num_kv_heads": 2,
-        "head_dim": 4,
-    }
+    io = decoder_io(layers=1, kv_heads=2, head_dim=4)
     cache = KVCache(io, capacity=8)
     assert cache.device == "cpu"
     assert cache.nbytes == 2 * 2 * 8 * 4 * 4  # keys + values, [1, 2, 8, 4] float32

@@ -1,15 +1,19 @@
-"""The package contract: manifest round trip, schema checks, checksum verification."""
+"""The package contract: manifest round trip, schema checks (schema 1 upgraded), typed io per
+kind, checksum verification."""
 
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from edgeinfer.errors import IntegrityError, ManifestError
-from edgeinfer.manifest import MANIFEST_NAME, Manifest
+import edgeinfer
+from edgeinfer.errors import IntegrityError, ManifestError, PackageError
+from edgeinfer.manifest import MANIFEST_NAME, SCHEMA_VERSION, Manifest
+from edgeinfer.package_io import DecoderIO, TextEncoderIO
 
 
 @pytest.fixture()
@@ -33,8 +37,8 @@ def test_manifest_describes_the_package(minilm_int8: Path) -> None:
     assert manifest.task == "embed"
     assert manifest.precision == "int8"
     assert manifest.quantization["mode"] == "int8-dynamic"
-    assert manifest.io["embedding_dim"] == 384
-    assert {i["name"] for i in manifest.io["inputs"]} >= {"input_ids", "attention_mask"}
+    assert manifest.io.embedding_dim == 384
+    assert {i.name for i in manifest.io.inputs} >= {"input_ids", "attention_mask"}
     assert set(manifest.files) == {"model.onnx", "tokenizer.json", "report.json"}
     assert manifest.accuracy["reference"] == "pytorch-fp32"
     assert manifest.accuracy["value"]["passed"] is True
@@ -80,3 +84,63 @@ def test_other_schema_versions_and_bad_json_are_refused(package_copy: Path) -> N
         Manifest.read(package_copy)
     with pytest.raises(ManifestError, match="does not exist"):
         Manifest.read(package_copy / "nowhere")
+
+
+def _as_schema_1(data: dict[str, Any]) -> dict[str, Any]:
+    """A manifest as edgeinfer wrote it before io.kind (schema 1)."""
+    io = {k: v for k, v in data["io"].items() if k != "kind"}
+    if "graphs" in io:  # exit segments named their first graph only
+        io["graph"] = io.pop("graphs")[0]
+        io.pop("input")
+    for key in ("tokenizer", "max_seq_len", "image_shape", "pixel_range"):
+        if io.get(key) is None:
+            io.pop(key, None)
+    old = {k: v for k, v in data.items() if k != "smoke"}
+    return {**old, "schema_version": 1, "io": io}
+
+
+@pytest.mark.parametrize(
+    ("fixture", "kind"),
+    [
+        ("minilm_int8", "text-encoder"),
+        ("minilm_classifier", "text-classifier"),
+        ("tiny_package", "decoder"),
+        ("early_exit_package", "exit-segments"),
+        ("mnist_early_exit_package", "exit-segments"),
+    ],
+)
+def test_packages_written_before_io_kind_still_load(
+    fixture: str, kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    package = shutil.copytree(request.getfixturevalue(fixture), tmp_path / "old")
+    path = package / MANIFEST_NAME
+    path.write_text(json.dumps(_as_schema_1(json.loads(path.read_text()))))
+    manifest = Manifest.read(package)
+    assert manifest.schema_version == SCHEMA_VERSION and manifest.io.kind == kind
+    with edgeinfer.load(package) as model:  # and they run
+        assert model.manifest.io == Manifest.read(request.getfixturevalue(fixture)).io
+
+
+def test_io_is_validated_per_kind(package_copy: Path) -> None:
+    path = package_copy / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    cases = {
+        "lacks the field 'embedding_dim'": {
+            k: v for k, v in data["io"].items() if k != "embedding_dim"
+        },
+        "unknown fields": {**data["io"], "embedding_dims": 384},
+        "must be int": {**data["io"], "max_seq_len": "256"},
+        "not one of": {**data["io"], "pooling": "max"},
+        "io.kind 'hologram'": {**data["io"], "kind": "hologram"},
+    }
+    for message, io in cases.items():
+        path.write_text(json.dumps({**data, "io": io}))
+        with pytest.raises(ManifestError, match=message):
+            Manifest.read(package_copy)
+
+
+def test_a_kind_is_asked_for_by_type(minilm_int8: Path) -> None:
+    manifest = Manifest.read(minilm_int8)
+    assert manifest.io_as(TextEncoderIO).embedding_dim == 384
+    with pytest.raises(PackageError, match="'text-encoder' package, not 'decoder'"):
+        manifest.io_as(DecoderIO)

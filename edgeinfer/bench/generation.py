@@ -18,6 +18,7 @@ import numpy as np
 
 from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import Manifest
+from edgeinfer.package_io import DecoderIO
 
 __all__ = [
     "bench_package",
@@ -83,8 +84,9 @@ def bench_package(package: Path, *, threads: int, tokens: int, bandwidth: float)
     from edgeinfer.runtime.generate import Generator
 
     manifest = Manifest.read(package)
+    io = manifest.io_as(DecoderIO)
     # A 512-token window holds the prompt and the decoded tokens without a full-size KV cache.
-    window = min(512, int(manifest.io["context_length"]))
+    window = min(512, io.context_length)
     gen = Generator(package, manifest, config=RuntimeConfig(threads=threads), context_length=window)
     ids = gen.encode(PROMPT)
     if len(ids) + tokens > window:
@@ -106,14 +108,14 @@ def bench_package(package: Path, *, threads: int, tokens: int, bandwidth: float)
         steps.append(time.perf_counter() - t0)
     wall = time.perf_counter() - begin
     rate = tokens / wall
-    weight_bytes = bytes_per_token(package / manifest.io["graph"])
+    weight_bytes = bytes_per_token(package / io.graph)
     roofline = bandwidth * 1e9 / weight_bytes
     ms = np.array(steps) * 1e3
     return {
         "inter_token_samples_ms": [round(float(v), 4) for v in ms],
         "package": str(package),
         "precision": manifest.precision,
-        "graph_mb": round((package / manifest.io["graph"]).stat().st_size / 1e6, 1),
+        "graph_mb": round((package / io.graph).stat().st_size / 1e6, 1),
         "prompt_tokens": len(ids),
         "ttft_ms": round(ttft_s * 1e3, 1),
         "decode_tokens_per_s": round(rate, 1),

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from edgeinfer.bench.stats import LatencySummary, summarize
 from edgeinfer.errors import ConfigError, EdgeInferError
 from edgeinfer.manifest import Manifest
+from edgeinfer.package_io import ImageClassifierIO, TextClassifierIO, TextEncoderIO
 
 __all__ = ["BenchConfig", "BenchResult", "Candidate", "CandidateResult", "make_text", "run_bench"]
 
@@ -120,14 +121,16 @@ def make_text(package: Path, seq_len: int) -> tuple[str, int]:
     included), or as close as the tokenizer allows; returns (text, its token count)."""
     from tokenizers import Tokenizer
 
-    manifest = Manifest.read(package)
-    if "image" in manifest.io:  # image classifiers take no text: the worker makes the images
+    io = Manifest.read(package).io
+    if isinstance(io, ImageClassifierIO):  # no text: the worker makes the images
         return "", 0
-    if seq_len > int(manifest.io["max_seq_len"]):
+    if not isinstance(io, (TextEncoderIO, TextClassifierIO)):
+        raise ConfigError(f"{package} is a {io.kind!r} package; this benchmark takes texts")
+    if seq_len > io.max_seq_len:
         raise ConfigError(
-            f"seq_len {seq_len} exceeds the model's window of {manifest.io['max_seq_len']} tokens"
+            f"seq_len {seq_len} exceeds the model's window of {io.max_seq_len} tokens"
         )
-    tok = Tokenizer.from_file(str(package / manifest.io["tokenizer"]))
+    tok = Tokenizer.from_file(str(package / io.tokenizer))
     specials = len(tok.encode("a").ids) - len(tok.encode("a", add_special_tokens=False).ids)
     words = _PARAGRAPH
     while len(tok.encode(words, add_special_tokens=False).ids) < seq_len:

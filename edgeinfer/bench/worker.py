@@ -20,13 +20,14 @@ __all__ = ["main"]
 
 def _package_runner(spec: dict[str, Any]) -> Callable[[list[str]], object]:
     from edgeinfer import load
+    from edgeinfer.package_io import ImageClassifierIO
 
     model = load(spec["path"], threads=spec["threads"])
-    if "image" in model.manifest.io:  # an image classifier: seeded noise, one image per text
+    io = model.manifest.io
+    if isinstance(io, ImageClassifierIO):  # seeded noise, one image per text
         import numpy as np
 
-        size = (int(model.manifest.io["image"]["height"]), int(model.manifest.io["image"]["width"]))
-        shape = (len(spec["texts"]), *size, 3)
+        shape = (len(spec["texts"]), io.image.height, io.image.width, 3)
         images = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
         return lambda texts: model.classify(images, batch_size=len(images))
     if model.task == "classify":

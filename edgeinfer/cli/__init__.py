@@ -8,6 +8,7 @@ error reply to ``request``), 2 usage, config, connection or internal error.
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
@@ -32,6 +33,18 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _options(
+    debug: Annotated[
+        bool,
+        typer.Option("--debug", help="show tracebacks (also EDGEINFER_DEBUG=1)"),
+    ] = False,
+) -> None:
+    """Fast, small, reliable inference on edge devices (``run_guarded`` reads ``--debug``)."""
+
+
 app.command("export")(export_cmd.export)
 app.command("inspect")(inspect_cmd.inspect)
 app.command("generate")(generate_cmd.generate)

@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
 from edgeinfer.cli.common import console, print_json
+from edgeinfer.errors import ConfigError
 
 __all__ = ["export"]
 
@@ -35,10 +37,15 @@ class CalibrationChoice(str, Enum):
 
 def export(
     source: Annotated[
-        str,
-        typer.Argument(help="builtin (minilm, efficientnet-lite0, ...) or a local HF model folder"),
-    ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="package folder to write")],
+        str | None,
+        typer.Argument(
+            help="a builtin (see --list), a local Hugging Face model folder or a GGUF folder"
+        ),
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="package folder to write")] = None,
+    list_builtins: Annotated[
+        bool, typer.Option("--list", help="list the builtin models (models/) and exit")
+    ] = False,
     task: Annotated[TaskChoice, typer.Option(help="what the package does")] = TaskChoice.auto,
     target: Annotated[
         str,
@@ -48,7 +55,8 @@ def export(
         ),
     ] = "cpu-avx2",
     quantize: Annotated[
-        QuantChoice | None, typer.Option(help="precision (default: the target's)")
+        QuantChoice | None,
+        typer.Option(help="precision (default: the recipe's, else the target's)"),
     ] = None,
     calibration: Annotated[
         Path | None,
@@ -62,11 +70,12 @@ def export(
         typer.Option(help="int8-static activation ranges (default: the target's)"),
     ] = None,
     eval_data: Annotated[
-        Path | None, typer.Option(help="held text for the accuracy gate (default: built-in)")
+        Path | None, typer.Option(help="held data for the accuracy gate (default: built-in)")
     ] = None,
     max_accuracy_loss: Annotated[
-        float, typer.Option(help="allowed loss vs PyTorch fp32 (0.01: mean cosine >= 0.99)")
-    ] = 0.01,
+        float | None,
+        typer.Option(help="allowed loss vs PyTorch fp32 (default: the recipe's, else 0.01)"),
+    ] = None,
     keep_best: Annotated[
         bool, typer.Option(help="if the requested variant fails, ship the best one that passes")
     ] = False,
@@ -78,9 +87,15 @@ def export(
     early_exit: Annotated[
         bool, typer.Option(help="classify: exit heads + segments (docs/early_exit.md)")
     ] = False,
-    exit_every: Annotated[int, typer.Option(help="early exit: a head every K layers")] = 2,
+    exit_every: Annotated[
+        int | None, typer.Option(help="early exit: a head every K layers (default: recipe's, 2)")
+    ] = None,
     train_data: Annotated[
-        str | None, typer.Option(help="early exit: labelled data for the heads (bbc)")
+        str | None, typer.Option(help="early exit: labelled data for the heads (bbc-news, mnist)")
+    ] = None,
+    variants: Annotated[
+        str | None,
+        typer.Option(help="generate: comma-separated quantized variants to try (default: all)"),
     ] = None,
     min_ep_coverage: Annotated[
         float | None,
@@ -89,17 +104,28 @@ def export(
     json_output: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Convert, optimize, quantize and accuracy-check a model into a package."""
-    from edgeinfer.config import QuantConfig
+    if list_builtins:
+        _list(json_output)
+        return
+    if source is None or out is None:
+        raise ConfigError("pass SOURCE and --out OUT (or --list to see the builtins)")
     from edgeinfer.errors import ExportError
-    from edgeinfer.export.pipeline import ExportOptions
-    from edgeinfer.export.pipeline import export as run_export
+    from edgeinfer.export.options import DecoderOptions, EarlyExitOptions, ExportOptions
+    from edgeinfer.export.run import export as run_export
 
+    builder: EarlyExitOptions | DecoderOptions | None = None
+    if early_exit:
+        builder = EarlyExitOptions(exit_every=exit_every, train_data=train_data)
+    elif exit_every is not None or train_data is not None:
+        raise ConfigError("--exit-every and --train-data go with --early-exit")
+    elif variants:
+        builder = DecoderOptions(variants=tuple(v.strip() for v in variants.split(",") if v))
     options = ExportOptions(
         source=source,
         out=out,
         task=task.value,
         target=target,
-        quantize=quantize.value if quantize else QuantConfig.for_target(target).mode,
+        quantize=quantize.value if quantize else None,
         calibration=calibration,
         calibration_method=calibration_method.value if calibration_method else None,
         eval_data=eval_data,
@@ -108,34 +134,57 @@ def export(
         force_quantize=force_quantize,
         overwrite=overwrite,
         threads=threads,
-        early_exit=early_exit,
-        exit_every=exit_every,
-        train_data=train_data,
         min_ep_coverage=min_ep_coverage,
+        builder=builder,
     )
 
     def progress(stage: str, seconds: float) -> None:
-        console.print(f"[green]✓[/] {stage:<10} {seconds:6.1f} s")
+        console.print(f"[green]✓[/] {stage:<12} {seconds:6.1f} s")
 
     try:
         with console.status(f"exporting {source} …"):
             report = run_export(options, progress=progress)
     except ExportError as exc:
-        if json_output and getattr(exc, "report", None):
-            print_json(exc.report)  # type: ignore[attr-defined]  # what was measured before it failed
+        if json_output and exc.report:
+            print_json(exc.report)  # what was measured before it failed
         raise
     if json_output:
         print_json(report.to_dict())
         return
-    if early_exit:
-        console.print(f"wrote [bold]{out}[/]: {report.chosen} segments with exit heads")
-        return
     chosen = report.variants[report.chosen or "fp32"]
-    acc = chosen["accuracy"]
-    speed = chosen.get("speedup_vs_fp32")
+    speed = chosen.get("speed", {}).get("speedup_vs_fp32")
     console.print(
-        f"wrote [bold]{out}[/]: {report.chosen}, {acc['metric']} mean {acc['mean']:.4f} "
-        f"min {acc['min']:.4f} vs PyTorch fp32" + (f", {speed:.2f}x fp32 speed" if speed else "")
+        f"wrote [bold]{out}[/]: {chosen['accuracy']['summary']}"
+        + (f", {speed:.2f}x fp32 speed" if speed else "")
     )
     for warning in report.warnings:
         console.print(f"[yellow]warning[/]: {warning}")
+
+
+def _list(json_output: bool) -> None:
+    from edgeinfer.export.recipes import all_recipes
+
+    recipes = all_recipes()
+    if json_output:
+        print_json(
+            [
+                {
+                    "name": r.name,
+                    "task": r.task,
+                    "builder": r.builder,
+                    "title": r.title,
+                    "packages": list(r.packages),
+                    "default": r.default,
+                    **r.provenance,
+                }
+                for r in recipes
+            ]
+        )
+        return
+    table = Table(title="builtin models (models/)")
+    for column in ("name", "task", "builder", "what", "licence"):
+        table.add_column(column)
+    for r in recipes:
+        name = f"{r.name} (default)" if r.default else r.name
+        table.add_row(name, r.task, r.builder, r.title, r.provenance.get("licence", ""))
+    console.print(table)

@@ -27,6 +27,7 @@ __all__ = [
     "ENTROPY_THRESHOLDS",
     "MAX_SEQ_LEN",
     "NEVER_EXIT",
+    "TEXT_DATA",
     "THRESHOLDS",
     "LabelledSplit",
     "SplitTrace",
@@ -43,6 +44,8 @@ _SPLITS: dict[str, tuple[int, ...]] = {
     "validation": (6, 7),
     "test": (8, 9),
 }
+# The labelled text the heads train on ("bbc": the name packages before recipes recorded).
+TEXT_DATA = ("bbc-news", "bbc")
 # Full articles are cut to 128 tokens: the "full text" input variant.
 MAX_SEQ_LEN = 128
 # A threshold above 1 never passes: every text runs to the full-depth head.

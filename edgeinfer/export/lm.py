@@ -14,6 +14,7 @@ import numpy as np
 
 from edgeinfer.errors import ConversionError, ParityError
 from edgeinfer.export.source import Source
+from edgeinfer.package_io import DecoderIO
 from edgeinfer.runtime.chat import render_chat
 
 __all__ = [
@@ -194,7 +195,7 @@ def chat_format(template: str) -> dict[str, Any]:
     return fmt
 
 
-def full_logits(session: Any, io: dict[str, Any], ids: Sequence[int]) -> np.ndarray:
+def full_logits(session: Any, io: DecoderIO, ids: Sequence[int]) -> np.ndarray:
     """Logits [S, V] of ``ids`` in one run from position 0 with an empty past (no cache)."""
     s = len(ids)
     feeds: dict[str, np.ndarray] = {
@@ -202,8 +203,8 @@ def full_logits(session: Any, io: dict[str, Any], ids: Sequence[int]) -> np.ndar
         "attention_mask": np.ones((1, s), np.int64),
         "position_ids": np.arange(s, dtype=np.int64)[None],
     }
-    empty = np.zeros((1, int(io["num_kv_heads"]), 0, int(io["head_dim"])), np.float32)
-    for names in io["past_names"]:
+    empty = np.zeros((1, io.num_kv_heads, 0, io.head_dim), np.float32)
+    for names in io.past_names:
         for name in names:
             feeds[name] = empty
     logits: np.ndarray = session.run(["logits"], feeds)[0]
@@ -212,7 +213,7 @@ def full_logits(session: Any, io: dict[str, Any], ids: Sequence[int]) -> np.ndar
 
 
 def parity(
-    model: Any, session: Any, io: dict[str, Any], texts: Sequence[Sequence[int]]
+    model: Any, session: Any, io: DecoderIO, texts: Sequence[Sequence[int]]
 ) -> dict[str, float]:
     """fp32 ONNX vs PyTorch logits on ``texts`` (token ids); raise ``ParityError`` outside the
     stated tolerance. Decode steps are covered by the runtime's KV-vs-recompute test."""
@@ -260,7 +261,7 @@ class LMQuality:
 
 def quality(
     session: Any,
-    io: dict[str, Any],
+    io: DecoderIO,
     texts: Sequence[Sequence[int]],
     fp32_argmax: list[np.ndarray] | None,
 ) -> tuple[LMQuality, list[np.ndarray]]:

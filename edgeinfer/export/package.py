@@ -9,6 +9,7 @@ from typing import Any
 
 from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import Manifest, file_entries
+from edgeinfer.package_io import TensorSpec
 
 __all__ = ["GRAPH_NAME", "TOKENIZER_NAME", "commit", "partial_path", "read_io", "stage"]
 
@@ -17,27 +18,26 @@ TOKENIZER_NAME = "tokenizer.json"
 _DTYPE_NAMES = {7: "int64", 6: "int32", 1: "float32", 10: "float16"}
 
 
-def read_io(graph: Path) -> dict[str, list[dict[str, Any]]]:
-    """The graph's inputs and outputs as ``{name, dtype, shape}`` (symbolic dims as names)."""
+def read_io(graph: Path) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """The graph's inputs and outputs (symbolic dims by name), for the manifest's ``io``."""
     import onnx
 
     model = onnx.load(str(graph), load_external_data=False)
 
-    def describe(values: Any) -> list[dict[str, Any]]:
-        out = []
+    def describe(values: Any) -> tuple[TensorSpec, ...]:
+        specs = []
         for v in values:
             t = v.type.tensor_type
-            shape = [d.dim_param or d.dim_value for d in t.shape.dim]
-            out.append(
-                {
-                    "name": v.name,
-                    "dtype": _DTYPE_NAMES.get(t.elem_type, str(t.elem_type)),
-                    "shape": shape,
-                }
+            specs.append(
+                TensorSpec(
+                    name=v.name,
+                    dtype=_DTYPE_NAMES.get(t.elem_type, str(t.elem_type)),
+                    shape=tuple(d.dim_param or d.dim_value for d in t.shape.dim),
+                )
             )
-        return out
+        return tuple(specs)
 
-    return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output)}
+    return describe(model.graph.input), describe(model.graph.output)
 
 
 def _place(src: Path, dst: Path) -> None:
@@ -51,28 +51,20 @@ def _place(src: Path, dst: Path) -> None:
 def stage(
     folder: Path,
     *,
-    graph: Path,
-    tokenizer: Path,
+    files: dict[str, Path],
     fields: dict[str, Any],
     extra_files: dict[str, bytes] | None = None,
 ) -> Manifest:
-    """Lay out a package in ``folder``: graph, tokenizer, extra files and the manifest.
-
-    ``fields`` are the manifest fields other than ``files`` and ``io``'s graph/tokenizer names.
+    """Lay out a package in ``folder``: ``files`` (package name -> built file), the
+    ``extra_files`` written from bytes, and the manifest (``fields`` plus every file's sha256).
     """
     folder.mkdir(parents=True, exist_ok=False)
-    _place(graph, folder / GRAPH_NAME)
-    _place(tokenizer, folder / TOKENIZER_NAME)
+    for name, src in files.items():
+        _place(src, folder / name)
     for name, data in (extra_files or {}).items():
         (folder / name).write_bytes(data)
-    io = {
-        **fields["io"],
-        **read_io(folder / GRAPH_NAME),
-        "graph": GRAPH_NAME,
-        "tokenizer": TOKENIZER_NAME,
-    }
-    names = [GRAPH_NAME, TOKENIZER_NAME, *(extra_files or {})]
-    manifest = Manifest(**{**fields, "io": io, "files": file_entries(folder, names)})
+    names = [*files, *(extra_files or {})]
+    manifest = Manifest(**{**fields, "files": file_entries(folder, names)})
     manifest.write(folder)
     return manifest
 

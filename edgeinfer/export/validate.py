@@ -6,7 +6,6 @@ gate measures exactly what a device will run, tokenizer and post-processing incl
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +16,10 @@ import numpy as np
 from edgeinfer.config import RuntimeConfig
 from edgeinfer.export.reference import TorchReference
 from edgeinfer.export.source import Source
+from edgeinfer.package_io import ExitSegmentsIO, TextClassifierIO
 from edgeinfer.runtime import Model, load
 
-__all__ = ["Accuracy", "compare", "median_latency_ms", "run_model", "torch_reference"]
+__all__ = ["Accuracy", "compare", "load_candidate", "run_model", "torch_reference"]
 
 # fp32 ONNX vs PyTorch differs only by float reassociation: ~1e-6 in cosine, ~1e-5 in probability.
 PARITY_MIN_COSINE = 0.9999
@@ -82,8 +82,9 @@ def torch_reference(source: Source, task: str, texts: Sequence[str]) -> np.ndarr
 
 def run_model(model: Model, texts: Sequence[str]) -> np.ndarray:
     """The candidate's outputs in the reference's form (embeddings or probabilities)."""
-    if model.task == "classify":
-        labels = list(model.manifest.io["labels"])
+    io = model.manifest.io
+    if isinstance(io, (TextClassifierIO, ExitSegmentsIO)):
+        labels = list(io.labels)
         results = model.classify(texts, batch_size=16)
         return np.array([[r.scores[label] for label in labels] for r in results], np.float32)
     return model.embed(texts, batch_size=16)
@@ -109,27 +110,3 @@ def compare(task: str, reference: np.ndarray, candidate: np.ndarray) -> Accuracy
 def load_candidate(folder: Path, threads: int | None) -> Model:
     """Load a staged candidate package the way a device would (spin off: several are alive)."""
     return load(folder, verify=False, config=RuntimeConfig(threads=threads, spin_wait=False))
-
-
-def median_latency_ms(
-    models: dict[str, Model], texts: Sequence[str], *, rounds: int = 15
-) -> dict[str, float]:
-    """For each model, the sum over ``texts`` of each text's median latency (one text per run).
-
-    The models take turns run by run (A B A B ...), so that noise from other processes on a
-    shared machine hits every model alike; medians per text, then summed, so that short and
-    long texts both count (a median over a mix of lengths would pick one length or the other).
-    """
-    samples: dict[str, list[list[float]]] = {name: [[] for _ in texts] for name in models}
-    for model in models.values():
-        run_model(model, [texts[0]])  # first-run allocations stay out of the samples
-    for _ in range(rounds):
-        for index, text in enumerate(texts):
-            for name, model in models.items():
-                started = time.perf_counter()
-                run_model(model, [text])
-                samples[name][index].append((time.perf_counter() - started) * 1e3)
-    return {
-        name: float(sum(np.median(per_text) for per_text in values))
-        for name, values in samples.items()
-    }

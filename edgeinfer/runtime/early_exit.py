@@ -30,6 +30,7 @@ from edgeinfer import providers as eps
 from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import ConfigError, InputError, ManifestError
 from edgeinfer.manifest import Manifest
+from edgeinfer.package_io import ExitSegmentsIO
 from edgeinfer.runtime.session import GraphSession
 from edgeinfer.runtime.tasks import ClassificationResult, classification_results
 
@@ -173,22 +174,32 @@ class SegmentRunner:
         providers: Sequence[str] | None = None,
         config: RuntimeConfig,
     ) -> None:
+        io = manifest.io_as(ExitSegmentsIO)
         spec = manifest.early_exit
-        if not spec or not spec.get("segments"):
-            raise ManifestError(f"{path.name} has no early_exit segments in its manifest")
+        if not spec or len(spec.get("segments") or ()) != len(io.graphs):
+            raise ManifestError(
+                f"{path.name}: its early_exit field must list one segment per graph; re-export it"
+            )
         requested = tuple(providers or ()) or tuple(manifest.providers)
         resolved = eps.resolve(requested)
         self.sessions = [
-            GraphSession(path / segment["graph"], providers=resolved, config=config)
-            for segment in spec["segments"]
+            GraphSession(path / graph, providers=resolved, config=config) for graph in io.graphs
         ]
         self.exit_layers: list[int] = [int(s["exit_layer"]) for s in spec["segments"]]
-        self.labels: list[str] = list(manifest.io["labels"])
-        self.images = spec.get("input") == "image"
-        self.image_shape: tuple[int, ...] = tuple(manifest.io.get("image_shape") or ())
+        self.labels: list[str] = list(io.labels)
+        self.images = io.input == "image"
+        self.image_shape: tuple[int, ...] = tuple(io.image_shape or ())
         self.default_policy: str = str(spec.get("policy", "max_softmax"))
         self.default_threshold = validate_threshold(float(spec["threshold"]), self.default_policy)
         self.providers = self.sessions[0].providers
+
+    def check_rule(self, threshold: float | None, policy: str | None) -> None:
+        """Refuse an exit rule this package cannot apply (``ConfigError``): an unknown policy,
+        a threshold that does not suit it, or another policy without its threshold."""
+        rule = policy or self.default_policy
+        validate_threshold(self.default_threshold if threshold is None else threshold, rule)
+        if threshold is None and rule != self.default_policy:
+            raise ConfigError(f"pass exit_threshold with exit_policy={rule!r}")
 
     def _segment(
         self, index: int, state: np.ndarray, attention_mask: np.ndarray | None

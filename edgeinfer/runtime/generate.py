@@ -27,6 +27,7 @@ from edgeinfer.errors import (
     PackageError,
 )
 from edgeinfer.manifest import Manifest
+from edgeinfer.package_io import DecoderIO
 from edgeinfer.runtime.chat import Prompt, fill_message, render_chat
 from edgeinfer.runtime.kvcache import KVCache, device_for
 from edgeinfer.runtime.prefix_store import PrefixStore
@@ -75,30 +76,30 @@ class Generator:
 
         if manifest.task != "generate":
             raise PackageError(f"{path} is a {manifest.task!r} package, not a generate package")
-        io = manifest.io
+        io = manifest.io_as(DecoderIO)
         self.manifest = manifest
-        self.context_length = int(context_length or io["context_length"])
-        if not 1 < self.context_length <= int(io["context_length"]):
+        self.context_length = int(context_length or io.context_length)
+        if not 1 < self.context_length <= io.context_length:
             raise ConfigError(
-                f"context_length must be in [2, {io['context_length']}], got {context_length}"
+                f"context_length must be in [2, {io.context_length}], got {context_length}"
             )
         try:
             self._session = ort.InferenceSession(
-                str(Path(path) / io["graph"]),
+                str(Path(path) / io.graph),
                 sess_options=session_options(config),
                 providers=eps.with_options(
                     eps.resolve(config.providers or tuple(manifest.providers)), package=Path(path)
                 ),
             )
-            self._tok = Tokenizer.from_file(str(Path(path) / io["tokenizer"]))
+            self._tok = Tokenizer.from_file(str(Path(path) / io.tokenizer))
         except Exception as exc:  # ORT and tokenizers raise their own classes
             raise PackageError(f"cannot load the generate package {path}: {exc}") from exc
-        self.stop_token_ids = frozenset(int(t) for t in io["stop_token_ids"])
-        self.chat_format: dict[str, Any] | None = io.get("chat_format")
+        self.stop_token_ids = frozenset(io.stop_token_ids)
+        self.chat_format: dict[str, Any] | None = io.chat_format
         self.cache = KVCache(
             io, capacity=self.context_length, device=device_for(self._session.get_providers())
         )
-        vocab = int(io["vocab_size"])
+        vocab = io.vocab_size
         # Preallocated decode inputs/outputs, written in place each step.
         self._token = np.zeros((1, 1), np.int64)  # input_ids: [1, 1]
         self._position = np.zeros((1, 1), np.int64)  # position_ids: [1, 1]
@@ -132,11 +133,15 @@ class Generator:
                 max_bytes=prefix_cache.max_bytes,
             )
         )
-        self.run_seconds = 0.0
-        for _ in range(config.warmup_runs):  # kernel selection and allocations before requests
+        self.run_seconds = 0.0  # time spent inside onnxruntime, for the bench's overhead figure
+
+    def warm_up(self, runs: int) -> None:
+        """Kernel selection and allocations before requests: ``runs`` one-token prefills and
+        decode steps (``run_seconds`` does not count them)."""
+        for _ in range(runs):
             self.prefill([0])  # token 0 exists in every vocabulary
             self.decode_one_token(0, 1)
-        self.run_seconds = 0.0  # time spent inside onnxruntime, for the bench's overhead figure
+        self.run_seconds = 0.0
 
     # -- prompt --------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.errors import ConfigError, PackageError
+from edgeinfer.package_io import DecoderIO
 
 __all__ = ["KVCache", "device_for"]
 
@@ -31,24 +32,24 @@ class KVCache:
     """Preallocated keys and values for a batch of one sequence.
 
     Args:
-        io: the manifest's ``io`` (``num_layers``, ``num_kv_heads``, ``head_dim``, the past and
-            present names).
+        io: the package's decoder io (``num_kv_heads``, ``head_dim``, the past and present
+            names).
         capacity: tokens the cache holds (prompt + generated), at most the context length.
         device: ``"cpu"`` (numpy-owned buffers) or ``"cuda"`` (buffers in GPU 0's memory).
     """
 
-    def __init__(self, io: dict[str, Any], *, capacity: int, device: str = "cpu") -> None:
+    def __init__(self, io: DecoderIO, *, capacity: int, device: str = "cpu") -> None:
         import onnxruntime as ort
 
-        if io.get("kv_layout") != "shared-buffer":
+        if io.kv_layout != "shared-buffer":
             raise PackageError(
-                f"KV layout {io.get('kv_layout')!r} is not supported by this runtime; "
+                f"KV layout {io.kv_layout!r} is not supported by this runtime; "
                 "re-export the package with this edgeinfer"
             )
         self.capacity = capacity
-        self.past_names: list[list[str]] = io["past_names"]
-        self.present_names: list[list[str]] = io["present_names"]
-        shape = (1, int(io["num_kv_heads"]), capacity, int(io["head_dim"]))  # [1, H_kv, C, D]
+        self.past_names = io.past_names
+        self.present_names = io.present_names
+        shape = (1, io.num_kv_heads, capacity, io.head_dim)  # [1, H_kv, C, D]
         if device not in ("cpu", "cuda"):
             raise ConfigError(f"KV cache device must be cpu or cuda, got {device!r}")
         self.device = device

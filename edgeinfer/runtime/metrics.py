@@ -17,7 +17,6 @@ need (summaries, counters, gauges) is a few lines.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -82,7 +81,8 @@ class MetricsSnapshot:
 
     Attributes:
         model: the package name.
-        cold_start_ms: from ``load()`` being called to the first result (``None`` before it).
+        cold_start_ms: from ``load()`` being called to the model being warm and ready
+            (``Model.cold_start_ms``; ``None`` until then).
         latency_ms: task -> stage -> summary.
         cache_hits: task -> tier (``memory``, ``disk``, ``semantic``) -> texts answered.
         cache_misses: task -> texts that ran the graph.
@@ -123,12 +123,11 @@ class Metrics:
         self._hits: dict[tuple[str, str], int] = {}
         self._misses: dict[str, int] = {}
         self._exits: dict[tuple[str, int], int] = {}
-        self._load_started_s: float | None = None
         self._cold_start_ms: float | None = None
 
-    def mark_load_started(self, perf_counter_s: float) -> None:
-        """Remember when ``load()`` began (``time.perf_counter()``), for the cold start."""
-        self._load_started_s = perf_counter_s
+    def mark_ready(self, cold_start_ms: float) -> None:
+        """Record the cold start: ``load()`` called -> the model warm and ready."""
+        self._cold_start_ms = cold_start_ms
 
     def observe(self, task: str, stage: str, latency_ms: float) -> None:
         """Record one latency of ``stage`` for ``task``."""
@@ -158,11 +157,6 @@ class Metrics:
         """Count one text answered by the early-exit head of ``layer``."""
         with self._lock:
             self._exits[(task, layer)] = self._exits.get((task, layer), 0) + 1
-
-    def first_result(self) -> None:
-        """Call after every answered request; the first call fixes the cold start."""
-        if self._cold_start_ms is None and self._load_started_s is not None:
-            self._cold_start_ms = (time.perf_counter() - self._load_started_s) * 1e3
 
     def snapshot(self) -> MetricsSnapshot:
         """A consistent copy of everything recorded so far."""
@@ -239,7 +233,7 @@ def render_prometheus(snapshots: Iterable[MetricsSnapshot]) -> str:
                 labels = _labels(model=snap.model, task=task, layer=layer)
                 lines.append(f"edgeinfer_early_exits_total{labels} {n}")
     lines += [
-        "# HELP edgeinfer_cold_start_seconds From load() to the first result.",
+        "# HELP edgeinfer_cold_start_seconds From load() to the model being warm and ready.",
         "# TYPE edgeinfer_cold_start_seconds gauge",
     ]
     for snap in snaps:

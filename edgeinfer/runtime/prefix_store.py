@@ -20,9 +20,10 @@ import tempfile
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+
+from edgeinfer.package_io import DecoderIO
 
 __all__ = ["PrefixStore"]
 
@@ -38,18 +39,18 @@ class PrefixStore:
     Args:
         directory: the folder (created on the first save); several packages may share it.
         package_digest: ``Manifest.digest`` of the package the keys/values came from.
-        io: the manifest's ``io`` (``num_layers``, ``num_kv_heads``, ``head_dim``).
+        io: the package's decoder io (``num_layers``, ``num_kv_heads``, ``head_dim``).
         max_bytes: the folder's size bound over all its prefix files.
     """
 
     def __init__(
-        self, directory: Path, *, package_digest: str, io: dict[str, Any], max_bytes: int
+        self, directory: Path, *, package_digest: str, io: DecoderIO, max_bytes: int
     ) -> None:
         self.directory = Path(directory)
         self.max_bytes = max_bytes
-        self._layers = int(io["num_layers"])
-        self._heads = int(io["num_kv_heads"])
-        self._head_dim = int(io["head_dim"])
+        self._layers = io.num_layers
+        self._heads = io.num_kv_heads
+        self._head_dim = io.head_dim
         self._fingerprint = {
             "format": _FORMAT,
             "package": package_digest,
@@ -57,7 +58,7 @@ class PrefixStore:
             "num_kv_heads": self._heads,
             "head_dim": self._head_dim,
             "dtype": "float32",
-            "kv_layout": str(io.get("kv_layout")),
+            "kv_layout": io.kv_layout,
         }
 
     def path(self, ids: Sequence[int]) -> Path:

@@ -23,6 +23,7 @@ import numpy as np
 from edgeinfer.config import CacheConfig
 from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import Manifest
+from edgeinfer.package_io import TextEncoderIO
 from edgeinfer.runtime.result_stores import (
     MemoryStore,
     SqliteStore,
@@ -93,7 +94,12 @@ class ResultCache(Generic[V]):
             codec = ClassificationCodec()
         else:
             raise ConfigError(f"no result cache for {manifest.task!r} packages yet")
-        params = {"normalize": bool(manifest.io.get("normalize", True)), "pooling": "mean"}
+        io = manifest.io
+        params: dict[str, Any] = (
+            {"normalize": io.normalize, "pooling": io.pooling}
+            if isinstance(io, TextEncoderIO)
+            else {}
+        )
         return ResultCache[Any](
             digest=manifest.digest, task=manifest.task, params=params, codec=codec, config=config
         )

@@ -54,6 +54,7 @@ class GraphSession:
                 f"onnxruntime could not load {path.name}: {exc}. The file is corrupt or was "
                 "exported for a newer onnxruntime; re-export the package"
             ) from exc
+        self.path = path
         self.input_names = [i.name for i in self._session.get_inputs()]
         self.output_names = [o.name for o in self._session.get_outputs()]
         self.providers: list[str] = list(self._session.get_providers())

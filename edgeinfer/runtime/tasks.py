@@ -11,6 +11,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from edgeinfer.errors import ConfigError, InputError
+from edgeinfer.package_io import ImageSpec
 
 __all__ = [
     "ClassificationCodec",
@@ -113,15 +114,15 @@ def classification_results(logits: np.ndarray, labels: list[str]) -> list[Classi
     return results
 
 
-def prepare_images(images: Any, *, image: dict[str, Any]) -> np.ndarray:
+def prepare_images(images: Any, *, image: ImageSpec) -> np.ndarray:
     """The graph's ``pixel_values`` [N, 3, H, W] float32 from what a caller passes.
 
-    ``image`` is the manifest's ``io["image"]`` (``height``, ``width``, ``mean``, ``std``).
+    ``image`` is the package's ``io.image`` (``height``, ``width``, ``mean``, ``std``).
     Accepted: uint8 RGB [H, W, 3] or [N, H, W, 3] at the package's size (normalized here as
     ``(pixel - mean) / std``), or float32 [3, H, W] or [N, 3, H, W] already normalized so.
     Resizing is the caller's job: the runtime ships no image library.
     """
-    h, w = int(image["height"]), int(image["width"])
+    h, w = image.height, image.width
     if not isinstance(images, np.ndarray):
         raise InputError(f"images must be a numpy array, got {type(images).__name__}")
     if images.dtype == np.uint8:
@@ -131,8 +132,8 @@ def prepare_images(images: Any, *, image: dict[str, Any]) -> np.ndarray:
                 f"uint8 images must be RGB [N, {h}, {w}, 3] or [{h}, {w}, 3], got "
                 f"{list(images.shape)}; resize (e.g. center crop, then {h}x{w}) first"
             )
-        mean = np.asarray(image["mean"], np.float32)  # [3]
-        std = np.asarray(image["std"], np.float32)  # [3]
+        mean = np.asarray(image.mean, np.float32)  # [3]
+        std = np.asarray(image.std, np.float32)  # [3]
         pixels = (batch.astype(np.float32) - mean) / std  # [N, H, W, 3]
         return np.ascontiguousarray(pixels.transpose(0, 3, 1, 2))  # [N, 3, H, W]
     if images.dtype == np.float32:

@@ -10,10 +10,11 @@ import numpy as np
 
 from edgeinfer.errors import InputError, PackageError
 from edgeinfer.manifest import Manifest
+from edgeinfer.package_io import ExitSegmentsIO, TextClassifierIO, TextEncoderIO
 
 __all__ = ["Detokenizer", "TextTokenizer"]
 
-_DTYPES = {"int64": np.int64, "int32": np.int32}
+_DTYPES = ("int64", "int32")  # the token-id types a text graph may take
 
 
 class TextTokenizer:
@@ -44,11 +45,17 @@ class TextTokenizer:
     def for_package(cls, package: Path, manifest: Manifest) -> TextTokenizer:
         """The tokenizer of a text package, with the pad id and integer type its graph takes."""
         io = manifest.io
+        if not isinstance(io, (TextEncoderIO, TextClassifierIO, ExitSegmentsIO)) or not (
+            io.tokenizer and io.max_seq_len
+        ):
+            raise PackageError(f"{package.name} is a {io.kind!r} package: it takes no text")
+        if io.inputs[0].dtype not in _DTYPES:
+            raise PackageError(f"{package.name}: its graph takes {io.inputs[0].dtype} token ids")
         return cls(
-            package / io["tokenizer"],
-            max_seq_len=int(io["max_seq_len"]),
+            package / io.tokenizer,
+            max_seq_len=io.max_seq_len,
             pad_id=int(manifest.tokens.get("pad") or 0),
-            dtype=np.dtype(_DTYPES[io["inputs"][0]["dtype"]]),
+            dtype=np.dtype(io.inputs[0].dtype),
         )
 
     def encode(

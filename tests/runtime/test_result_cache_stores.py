@@ -169,8 +169,8 @@ _WRITER = textwrap.dedent(
     from edgeinfer.runtime.result_stores import SqliteStore
     path, tag, count = Path(sys.argv[1]), sys.argv[2].encode(), int(sys.argv[3])
     store = SqliteStore(path, capacity_bytes=2**30, ttl_s=None)
-    while not (path.parent / "go").exists():
-        time.sleep(0.001)
+    print("ready", flush=True)
+    sys.stdin.readline()  # the test's "go", sent once both writers are connected
     for i in range(count):
         store.put_many([(tag + i.to_bytes(4, "big"), tag * 100, 0)], stored_s=time.time())
     """
@@ -184,13 +184,19 @@ def test_two_processes_writing_one_file_lose_nothing(tmp_path: Path) -> None:
     writers = [
         subprocess.Popen(
             [sys.executable, "-c", _WRITER, str(path), tag, str(count)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         for tag in ("A", "B")
     ]
-    time.sleep(0.5)  # both are connected and waiting
-    (tmp_path / "go").touch()
+    for writer in writers:  # both connected and waiting
+        assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
+    for writer in writers:  # then both write at once
+        assert writer.stdin is not None
+        writer.stdin.write("go\n")
+        writer.stdin.flush()
     for writer in writers:
         _, err = writer.communicate(timeout=120)
         assert writer.returncode == 0, err

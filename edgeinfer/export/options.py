@@ -1,0 +1,110 @@
+"""What ``edgeinfer export`` is asked to do: the options every builder shares, and each
+builder's own typed options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Union
+
+from edgeinfer.config import QUANT_MODES, CalibrationMethod, QuantMode
+from edgeinfer.errors import ConfigError
+
+__all__ = ["BuilderOptions", "DecoderOptions", "EarlyExitOptions", "ExportOptions"]
+
+TASKS = ("auto", "embed", "classify", "generate")
+
+
+@dataclass(frozen=True)
+class EarlyExitOptions:
+    """A classifier that stops at the first confident exit head (docs/early_exit.md).
+
+    Args:
+        exit_every: a head after every K-th layer (text encoders; the CNN has one per block);
+            None takes the recipe's (2 without one).
+        train_data: labelled data the heads train on (``bbc-news``, ``mnist``); None takes
+            the recipe's.
+        limit: items per split at most (quick builds in tests); None uses every one.
+    """
+
+    exit_every: int | None = None
+    train_data: str | None = None
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.exit_every is not None and self.exit_every < 1:
+            raise ConfigError(f"exit_every must be >= 1, got {self.exit_every}")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"limit must be >= 1, got {self.limit}")
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    """Generation exports.
+
+    Args:
+        variants: the quantized variants to try (default: all of the decoder builder's);
+            the fastest that passes the gate ships.
+        context_length: KV positions the package allocates at most (default: the model's
+            window, capped at 2048 for small devices).
+    """
+
+    variants: tuple[str, ...] | None = None
+    context_length: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.variants is not None and not self.variants:
+            raise ConfigError("variants must name at least one variant, or be None")
+        if self.context_length is not None and self.context_length < 2:
+            raise ConfigError(f"context_length must be >= 2, got {self.context_length}")
+
+
+BuilderOptions = Union[EarlyExitOptions, DecoderOptions]  # noqa: UP007  # used at runtime
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What ``edgeinfer export`` is asked to do (the CLI's flags, validated).
+
+    ``None`` means "the builtin recipe's default, else the target's". ``max_accuracy_loss`` is a
+    fraction: for embeddings the mean cosine to PyTorch fp32 must stay >= 1 - loss (and the
+    minimum >= 1 - 3 x loss); for classifiers the label agreement >= 1 - loss.
+
+    Args:
+        builder: the chosen builder's own options (``EarlyExitOptions`` turns a classifier into
+            exit segments; ``DecoderOptions`` for generation).
+        min_ep_coverage: the target's first provider must take at least this fraction of the
+            estimated FLOPs on this machine (docs/providers.md); None skips the check.
+    """
+
+    source: str
+    out: Path
+    task: str = "auto"
+    target: str = "cpu-avx2"
+    quantize: QuantMode | None = None
+    calibration: Path | None = None
+    calibration_method: CalibrationMethod | None = None
+    eval_data: Path | None = None
+    max_accuracy_loss: float | None = None
+    keep_best: bool = False
+    force_quantize: bool = False
+    overwrite: bool = False
+    threads: int | None = None
+    held_count: int = 200
+    min_ep_coverage: float | None = None
+    builder: BuilderOptions | None = None
+
+    def __post_init__(self) -> None:
+        loss = self.max_accuracy_loss
+        if loss is not None and not 0.0 <= loss < 1.0:
+            raise ConfigError(f"max_accuracy_loss must be in [0, 1), got {loss}")
+        if self.task not in TASKS:
+            raise ConfigError(f"unknown task {self.task!r}: use {', '.join(TASKS)}")
+        if self.quantize is not None and self.quantize not in QUANT_MODES:
+            raise ConfigError(f"unknown quantization {self.quantize!r}: use {QUANT_MODES}")
+        if self.min_ep_coverage is not None and not 0.0 <= self.min_ep_coverage <= 1.0:
+            raise ConfigError(f"min_ep_coverage must be in [0, 1], got {self.min_ep_coverage}")
+        if self.held_count < 1:
+            raise ConfigError(f"held_count must be >= 1, got {self.held_count}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {self.threads}")

@@ -1,0 +1,244 @@
+"""The typed ``io`` of a package: one frozen dataclass per package kind (``io.kind``).
+
+The runtime picks the class that serves a package from ``io.kind`` alone; it never looks at
+which keys happen to exist. Each kind lists exactly the fields its runtime reads, so a manifest
+is validated once, when it is read, and a missing or misspelt field is a ``ManifestError`` that
+names it instead of a ``KeyError`` deep inside a request.
+
+Kinds::
+
+    text-encoder      one graph + tokenizer -> pooled, optionally normalized vectors
+    text-classifier   one graph + tokenizer -> labels with probabilities
+    exit-segments     one graph per block of layers with exit heads (texts or images)
+    image-classifier  one graph, pixels in -> labels with probabilities
+    decoder           one decoder graph with past/present KV + tokenizer -> generated text
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin
+
+from edgeinfer.errors import ManifestError
+
+__all__ = [
+    "IO_KINDS",
+    "DecoderIO",
+    "ExitSegmentsIO",
+    "ImageClassifierIO",
+    "ImageSpec",
+    "PackageIO",
+    "TensorSpec",
+    "TextClassifierIO",
+    "TextEncoderIO",
+    "io_from_dict",
+    "io_to_dict",
+]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output: its name, element type and shape (symbolic dims by name)."""
+
+    name: str
+    dtype: str
+    shape: tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """How pixels become the graph's input: size, per-channel ``(pixel - mean) / std`` on
+    0-255 values, layout and channel order."""
+
+    height: int
+    width: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    layout: Literal["NCHW"] = "NCHW"
+    color: Literal["RGB"] = "RGB"
+
+
+@dataclass(frozen=True)
+class TextEncoderIO:
+    """Texts -> vectors: ``pooling`` over the graph's token states, then L2 ``normalize``."""
+
+    kind: ClassVar[str] = "text-encoder"
+    graph: str
+    tokenizer: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_seq_len: int
+    embedding_dim: int
+    pooling: Literal["mean", "cls"] = "mean"
+    normalize: bool = True
+
+
+@dataclass(frozen=True)
+class TextClassifierIO:
+    """Texts -> ``labels`` (the graph's logits in label order)."""
+
+    kind: ClassVar[str] = "text-classifier"
+    graph: str
+    tokenizer: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_seq_len: int
+    labels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ExitSegmentsIO:
+    """A classifier cut into ``graphs`` (one per block of layers, in order), each returning its
+    exit head's logits; the manifest's ``early_exit`` field holds the exit rule. ``input`` says
+    what segment 0 takes: token ids (with ``tokenizer`` and ``max_seq_len``) or float images of
+    ``image_shape`` [C, H, W] with intensities in ``pixel_range``."""
+
+    kind: ClassVar[str] = "exit-segments"
+    graphs: tuple[str, ...]
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    labels: tuple[str, ...]
+    input: Literal["text", "image"]
+    tokenizer: str | None = None
+    max_seq_len: int | None = None
+    image_shape: tuple[int, ...] | None = None
+    pixel_range: tuple[float, float] | None = None
+
+    @property
+    def graph(self) -> str:
+        """The first segment (what takes the input)."""
+        return self.graphs[0]
+
+
+@dataclass(frozen=True)
+class ImageClassifierIO:
+    """Images -> ``labels``; ``image`` says how pixels become the graph's input."""
+
+    kind: ClassVar[str] = "image-classifier"
+    graph: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    labels: tuple[str, ...]
+    image: ImageSpec
+
+
+@dataclass(frozen=True)
+class DecoderIO:
+    """A decoder graph whose past and present KV are bound to one preallocated buffer
+    (``kv_layout`` "shared-buffer"), with its tokenizer, stop tokens and chat template."""
+
+    kind: ClassVar[str] = "decoder"
+    graph: str
+    tokenizer: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_seq_len: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    context_length: int
+    source_context_length: int
+    kv_layout: str
+    past_names: tuple[tuple[str, str], ...]
+    present_names: tuple[tuple[str, str], ...]
+    stop_token_ids: tuple[int, ...]
+    chat_format: dict[str, Any] | None = None
+    chat_template: str | None = None
+
+
+PackageIO = Union[  # noqa: UP007  # a runtime value (typing.get_args), not only an annotation
+    TextEncoderIO, TextClassifierIO, ExitSegmentsIO, ImageClassifierIO, DecoderIO
+]
+IO_KINDS: dict[str, type[Any]] = {cls.kind: cls for cls in get_args(PackageIO)}
+
+
+def io_to_dict(io: PackageIO) -> dict[str, Any]:
+    """The JSON form of ``io``: its fields plus ``kind`` (tuples as lists)."""
+    return {"kind": io.kind, **_json(dataclasses.asdict(io))}
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json(v) for v in value]
+    return value
+
+
+def io_from_dict(data: Any) -> PackageIO:
+    """Parse and validate the manifest's ``io`` object (``ManifestError`` names what is wrong)."""
+    if not isinstance(data, dict):
+        raise ManifestError("manifest io must be an object")
+    kind = data.get("kind")
+    cls = IO_KINDS.get(str(kind))
+    if cls is None:
+        raise ManifestError(
+            f"manifest io.kind {kind!r} is not one this edgeinfer serves "
+            f"({', '.join(IO_KINDS)}); upgrade edgeinfer or re-export the package"
+        )
+    fields = {k: v for k, v in data.items() if k != "kind"}
+    parsed: PackageIO = _build(cls, fields, f"io ({kind})")
+    return parsed
+
+
+def _build(cls: type[Any], data: dict[str, Any], where: str) -> Any:
+    """An instance of dataclass ``cls`` from ``data``, every field checked against its type."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ManifestError(f"manifest {where} has unknown fields {unknown}; re-export it")
+    values = {}
+    for name, field in fields.items():
+        if name in data:
+            values[name] = _value(hints[name], data[name], f"{where}.{name}")
+        elif field.default is dataclasses.MISSING:
+            raise ManifestError(f"manifest {where} lacks the field {name!r}; re-export it")
+    return cls(**values)
+
+
+def _value(hint: Any, value: Any, where: str) -> Any:
+    """``value`` checked against the annotation ``hint`` (lists become tuples)."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, types.UnionType):
+        for option in args:
+            try:
+                return _value(option, value, where)
+            except ManifestError:
+                continue
+        raise ManifestError(f"manifest {where} = {value!r} has the wrong type")
+    if origin is Literal:
+        if value not in args:
+            raise ManifestError(f"manifest {where} = {value!r} is not one of {list(args)}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ManifestError(f"manifest {where} must be a list")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_value(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ManifestError(f"manifest {where} must have {len(args)} items")
+        return tuple(
+            _value(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True))
+        )
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ManifestError(f"manifest {where} must be an object")
+        return dict(value)
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise ManifestError(f"manifest {where} must be an object")
+        return _build(hint, value, where)  # type: ignore[arg-type]  # a dataclass type
+    if hint is type(None):
+        if value is not None:
+            raise ManifestError(f"manifest {where} must be null")
+        return None
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is Any or (isinstance(value, hint) and not (hint is int and isinstance(value, bool))):
+        return value
+    raise ManifestError(f"manifest {where} must be {getattr(hint, '__name__', hint)}")

@@ -1,0 +1,126 @@
+"""What ``Model`` forwards to: one backend per package kind.
+
+A backend serves the calls its kind supports and inherits, for every other call, an error that
+names the package's kind. The ``Model`` facade picks the backend from ``io.kind``
+(``model.py``), times its start and warm-up, and owns the metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.config import BatchConfig, CacheConfig, PrefixCacheConfig, RuntimeConfig
+from edgeinfer.errors import ConfigError
+from edgeinfer.manifest import Manifest
+from edgeinfer.runtime.chat import Prompt
+from edgeinfer.runtime.generate import Generator
+from edgeinfer.runtime.metrics import Metrics
+from edgeinfer.runtime.streaming import GenerationResult, TextChunk
+from edgeinfer.runtime.tasks import ClassificationResult, EmbeddingResult
+
+__all__ = ["Backend", "BackendOptions", "GenerateBackend"]
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """What ``load()`` asked for, as every backend receives it.
+
+    Attributes:
+        config: providers, threads, spinning, warm-up runs.
+        metrics: where latencies, cache hits and exits are counted.
+        cache, batching, prefix_cache: the optional features (a backend refuses those its
+            kind cannot serve).
+        load: loads another package with the same settings (the semantic cache's embedder).
+    """
+
+    config: RuntimeConfig
+    metrics: Metrics
+    cache: CacheConfig | None = None
+    batching: BatchConfig | None = None
+    prefix_cache: PrefixCacheConfig | None = None
+    load: Callable[[Path], Any] | None = None
+
+
+class Backend:
+    """The calls of one package kind, built from ``(path, manifest, options)``."""
+
+    providers: list[str]
+
+    def __init__(self, path: Path, manifest: Manifest, options: BackendOptions) -> None:
+        self.path, self.manifest, self.metrics = path, manifest, options.metrics
+
+    def _unsupported(self, call: str) -> ConfigError:
+        return ConfigError(
+            f"{self.path.name} is a {self.manifest.io.kind!r} package "
+            f"(task {self.manifest.task!r}); it has no {call}()"
+        )
+
+    def warm_up(self, runs: int) -> None:
+        """Run ``runs`` throw-away requests so the first real one pays no allocation."""
+
+    def embed_with_info(
+        self, texts: str | Sequence[str], *, batch_size: int, truncate: bool
+    ) -> list[EmbeddingResult]:
+        """Embeddings with their cache flag and timings."""
+        raise self._unsupported("embed")
+
+    def classify(
+        self,
+        inputs: Any,
+        *,
+        batch_size: int,
+        truncate: bool,
+        exit_threshold: float | None,
+        exit_policy: str | None,
+    ) -> list[ClassificationResult]:
+        """One result per text or image."""
+        raise self._unsupported("classify")
+
+    def generate(self, prompt: Prompt, **kwargs: Any) -> GenerationResult:
+        """A completion of ``prompt``."""
+        raise self._unsupported("generate")
+
+    def stream(self, prompt: Prompt, **kwargs: Any) -> Iterator[TextChunk]:
+        """A completion of ``prompt``, as it is decoded."""
+        raise self._unsupported("stream")
+
+    def warm_prefix(self, prefix: str) -> int:
+        """Keep the keys/values of a prefix every prompt starts with."""
+        raise self._unsupported("warm_prefix")
+
+    def clear_cache(self) -> None:
+        """Empty the result caches (kinds without one: nothing to do)."""
+
+    def close(self) -> None:
+        """Release threads and files (kinds without any: nothing to do)."""
+
+
+class GenerateBackend(Backend):
+    """A ``decoder`` package: KV-cached generation (``generate.Generator``)."""
+
+    def __init__(self, path: Path, manifest: Manifest, options: BackendOptions) -> None:
+        super().__init__(path, manifest, options)
+        if options.cache is not None or options.batching is not None:
+            raise ConfigError(
+                "result caching and dynamic batching serve embed/classify packages; load a "
+                "generate package without them"
+            )
+        self.generator = Generator(
+            path, manifest, config=options.config, prefix_cache=options.prefix_cache
+        )
+        self.providers = self.generator.providers
+
+    def warm_up(self, runs: int) -> None:
+        self.generator.warm_up(runs)
+
+    def generate(self, prompt: Prompt, **kwargs: Any) -> GenerationResult:
+        return self.generator.generate(prompt, **kwargs)
+
+    def stream(self, prompt: Prompt, **kwargs: Any) -> Iterator[TextChunk]:
+        return self.generator.stream(prompt, **kwargs)
+
+    def warm_prefix(self, prefix: str) -> int:
+        return self.generator.warm_prefix(prefix)

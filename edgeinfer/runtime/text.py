@@ -1,0 +1,289 @@
+"""Text packages: embeddings and classification, with result caches, dynamic batching and
+early exit (``text-encoder``, ``text-classifier``, ``exit-segments`` over text).
+
+The hot path reads top to bottom: validate -> tokenize -> cache lookup -> run the misses
+(batched, or here in length order) -> store -> metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeinfer import providers as eps
+from edgeinfer.config import CacheConfig
+from edgeinfer.errors import ConfigError
+from edgeinfer.manifest import Manifest
+from edgeinfer.package_io import ExitSegmentsIO, TextClassifierIO, TextEncoderIO
+from edgeinfer.runtime.answers import Answer, Caches, Lookup, Value
+from edgeinfer.runtime.backends import Backend, BackendOptions
+from edgeinfer.runtime.batching import DynamicBatcher, pad_rows
+from edgeinfer.runtime.early_exit import SegmentRunner
+from edgeinfer.runtime.result_cache import ResultCache
+from edgeinfer.runtime.semantic_cache import SemanticCache
+from edgeinfer.runtime.session import GraphSession
+from edgeinfer.runtime.tasks import (
+    ClassificationResult,
+    EmbeddingResult,
+    classification_results,
+    l2_normalize,
+    mean_pool,
+    validate_texts,
+)
+from edgeinfer.runtime.tokenizer import TextTokenizer
+
+__all__ = ["TextBackend"]
+
+# rows [S_i] int -> one value per row (a read-only embedding [D] or a ClassificationResult);
+# the exit threshold and rule apply to early-exit packages only.
+RunRows = Callable[[list[np.ndarray], "float | None", "str | None"], list[Value]]
+
+
+class TextBackend(Backend):
+    """Embed or classify texts with a text package.
+
+    ``options.cache`` turns the result caches on, ``options.batching`` dynamic batching.
+    """
+
+    def __init__(self, path: Path, manifest: Manifest, options: BackendOptions) -> None:
+        super().__init__(path, manifest, options)
+        if options.prefix_cache is not None:
+            raise ConfigError("prefix_cache serves generate packages; load this one without it")
+        io, config, cache, batching = manifest.io, options.config, options.cache, options.batching
+        self.task = manifest.task
+        requested = eps.resolve(config.providers or tuple(manifest.providers))
+        self.exits: SegmentRunner | None = None
+        self._run_rows: RunRows
+        if isinstance(io, ExitSegmentsIO):
+            self.exits = SegmentRunner(path, manifest, providers=requested, config=config)
+            self.providers = self.exits.providers
+            self._run_rows = self._exit_runner(self.exits)
+        elif isinstance(io, (TextEncoderIO, TextClassifierIO)):
+            session = GraphSession(path / io.graph, providers=requested, config=config)
+            self.providers = session.providers
+            self._run_rows = self._graph_runner(session, io)
+        else:
+            raise ConfigError(f"{path.name} is a {io.kind!r} package, not a text package")
+        self.tokenizer = TextTokenizer.for_package(path, manifest)
+        self.caches = (
+            None
+            if cache is None
+            else Caches(
+                ResultCache.for_package(manifest, config=cache),
+                self._semantic(cache, options.load),
+            )
+        )
+        self.batcher = (
+            None
+            if batching is None
+            else DynamicBatcher(
+                lambda rows: self._run_rows(rows, None, None),
+                config=batching,
+                name=f"edgeinfer-{manifest.name}",
+            )
+        )
+
+    def _semantic(
+        self, cache: CacheConfig, load: Callable[[Path], Any] | None
+    ) -> SemanticCache[Value] | None:
+        if cache.semantic is None:
+            return None
+        if self.task != "classify":
+            raise ConfigError(
+                f"the semantic cache answers classification packages; {self.path.name} is "
+                f"{self.task!r} (a neighbour's embedding is not this text's embedding)"
+            )
+        if load is None:
+            raise ConfigError("the semantic cache needs a way to load its embed package")
+        model = load(cache.semantic.embedder)
+        if model.task != "embed":
+            raise ConfigError(f"semantic cache embedder {model.path} is not an embed package")
+        return SemanticCache(
+            embed=model.embed,
+            threshold=cache.semantic.threshold,
+            max_entries=cache.semantic.max_entries,
+        )
+
+    def warm_up(self, runs: int) -> None:
+        for _ in range(runs):
+            self._run_rows(self._tokenize(["warm up"], truncate=True), None, None)
+
+    # -- the hot path: validate -> tokenize -> cache lookup -> run the misses -> store -> metrics
+
+    def answer(
+        self,
+        texts: str | Sequence[str],
+        *,
+        batch_size: int,
+        truncate: bool,
+        exit_threshold: float | None = None,
+        exit_policy: str | None = None,
+    ) -> list[Answer]:
+        """Every text's answer, from the caches or the graph, in input order."""
+        started = time.perf_counter()
+        items = validate_texts(texts, batch_size=batch_size)
+        rows = self._tokenize(items, truncate=truncate)  # token ids [S_i] per text
+        tokenized = time.perf_counter()
+        found = (
+            self.caches.lookup(items, rows)
+            if self.caches is not None
+            else Lookup(answers=[None] * len(rows))
+        )
+        misses = [i for i, answer in enumerate(found.answers) if answer is None]
+        if misses:
+            computed = self._compute(
+                [rows[i] for i in misses], batch_size, exit_threshold, exit_policy
+            )
+            for i, answer in zip(misses, computed, strict=True):
+                found.answers[i] = answer
+            if self.caches is not None:
+                self.caches.store(found, misses)
+        answers = [a for a in found.answers if a is not None]
+        self._record(answers, found.hits, started_s=started, tokenized_s=tokenized)
+        return answers
+
+    def _tokenize(self, items: Sequence[str], *, truncate: bool) -> list[np.ndarray]:
+        """Token ids of each text, unpadded: [S_i] each."""
+        ids, mask = self.tokenizer.encode(items, truncate=truncate)  # [N, S], [N, S]
+        return [ids[i, :n] for i, n in enumerate(mask.sum(axis=1))]
+
+    def _compute(
+        self,
+        rows: list[np.ndarray],
+        batch_size: int,
+        exit_threshold: float | None,
+        exit_policy: str | None,
+    ) -> list[Answer]:
+        """Run the graph for ``rows``: through the dynamic batcher, or here in length order."""
+        if self.batcher is not None:
+            return [
+                Answer(a.value, queue_ms=a.queue_ms, compute_ms=a.compute_ms)
+                for a in self.batcher.submit(rows)
+            ]
+        order = sorted(range(len(rows)), key=lambda i: rows[i].shape[0])  # less padding
+        answers: list[Answer | None] = [None] * len(rows)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            began = time.perf_counter()
+            values = self._run_rows([rows[i] for i in chunk], exit_threshold, exit_policy)
+            compute_ms = (time.perf_counter() - began) * 1e3
+            for i, value in zip(chunk, values, strict=True):
+                answers[i] = Answer(value, compute_ms=compute_ms)
+        return [a for a in answers if a is not None]
+
+    def _graph_runner(self, session: GraphSession, io: TextEncoderIO | TextClassifierIO) -> RunRows:
+        """Pad rows into one batch, run the graph, apply the task head: one value per row."""
+        pad_id = self.tokenizer_pad_id()
+
+        def run(rows: list[np.ndarray], _t: float | None, _p: str | None) -> list[Value]:
+            input_ids, attention_mask = pad_rows(rows, pad_id=pad_id)  # [B, S]
+            feeds = {
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "token_type_ids": np.zeros_like(input_ids),
+            }
+            output = session.run(feeds)[0]
+            if isinstance(io, TextClassifierIO):
+                return list(classification_results(output, list(io.labels)))
+            pooled = mean_pool(output, attention_mask)  # [B, D]
+            if io.normalize:
+                pooled = l2_normalize(pooled)
+            vectors = [row.astype(np.float32) for row in pooled]  # own copies: cached
+            for vector in vectors:
+                vector.flags.writeable = False  # shared with the cache
+            return vectors
+
+        return run
+
+    def tokenizer_pad_id(self) -> int:
+        """The id a batch is padded with."""
+        return int(self.manifest.tokens.get("pad") or 0)
+
+    def _exit_runner(self, exits: SegmentRunner) -> RunRows:
+        """Pad rows into one batch and run the segments until every row has exited."""
+        pad_id = self.tokenizer_pad_id()
+
+        def run(rows: list[np.ndarray], threshold: float | None, policy: str | None) -> list[Value]:
+            input_ids, attention_mask = pad_rows(rows, pad_id=pad_id)  # [B, S]
+            return list(
+                exits.classify(input_ids, attention_mask, threshold=threshold, exit_policy=policy)
+            )
+
+        return run
+
+    def _record(
+        self, answers: list[Answer], hits: dict[str, int], *, started_s: float, tokenized_s: float
+    ) -> None:
+        metrics, task = self.metrics, self.task
+        computed = [a for a in answers if not a.cached]
+        metrics.observe(task, "end_to_end", (time.perf_counter() - started_s) * 1e3)
+        metrics.observe(task, "tokenize", (tokenized_s - started_s) * 1e3)
+        if computed:
+            metrics.observe_many(task, "queue", (a.queue_ms for a in computed))
+            metrics.observe_many(task, "compute", (a.compute_ms for a in computed))
+        metrics.count_cache(task, hits=hits, misses=len(computed))
+        for a in computed:
+            if isinstance(a.value, ClassificationResult) and a.value.exit_layer is not None:
+                metrics.count_exit(task, a.value.exit_layer)
+
+    # -- the calls
+
+    def embed_with_info(
+        self, texts: str | Sequence[str], *, batch_size: int, truncate: bool
+    ) -> list[EmbeddingResult]:
+        if self.task != "embed":
+            raise self._unsupported("embed")
+        answers = self.answer(texts, batch_size=batch_size, truncate=truncate)
+        return [EmbeddingResult(a.value, a.cached, a.queue_ms, a.compute_ms) for a in answers]
+
+    def classify(
+        self,
+        inputs: Any,
+        *,
+        batch_size: int,
+        truncate: bool,
+        exit_threshold: float | None,
+        exit_policy: str | None,
+    ) -> list[ClassificationResult]:
+        if self.task != "classify":
+            raise self._unsupported("classify")
+        if exit_threshold is not None or exit_policy is not None:
+            self._check_exit_rule(exit_threshold, exit_policy)
+        answers = self.answer(
+            inputs,
+            batch_size=batch_size,
+            truncate=truncate,
+            exit_threshold=exit_threshold,
+            exit_policy=exit_policy,
+        )
+        return [
+            replace(a.value, cached=a.cached, queue_ms=a.queue_ms, compute_ms=a.compute_ms)
+            for a in answers
+        ]
+
+    def _check_exit_rule(self, threshold: float | None, policy: str | None) -> None:
+        if self.exits is None:
+            raise ConfigError(
+                f"{self.path.name} has no exit heads; drop exit_threshold and exit_policy"
+            )
+        if self.caches is not None or self.batcher is not None:
+            raise ConfigError(
+                "exit_threshold is per call, but cached and batched answers use the package's "
+                "default threshold; load without cache/batching to choose another"
+            )
+        self.exits.check_rule(threshold, policy)
+
+    def clear_cache(self) -> None:
+        if self.caches is not None:
+            self.caches.clear()
+
+    def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()
+        if self.caches is not None:
+            self.caches.close()

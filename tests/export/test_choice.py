@@ -1,0 +1,112 @@
+"""Which variant an export ships: the gate first, then the builder's preference (for decoders
+the fastest, the more accurate among near ties), then the speed guard against fp32."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from edgeinfer.errors import AccuracyGateError, SlowerQuantizationError
+from edgeinfer.export.builders.decoder import DecoderBuilder
+from edgeinfer.export.context import Candidate, Quality
+from edgeinfer.export.run import choose
+from edgeinfer.package_io import TextEncoderIO
+
+
+class Variants:
+    """A builder with the decoder's preference and a speed probe for every candidate (the
+    choice reads nothing else from a builder)."""
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+
+    prefer = DecoderBuilder.prefer
+
+    def probe(self, candidate: Candidate) -> Callable[[], object]:
+        return lambda: None
+
+    def slower_hint(self, candidate: Candidate) -> str:
+        return ""
+
+
+IO = TextEncoderIO(
+    graph="model.onnx",
+    tokenizer="tokenizer.json",
+    inputs=(),
+    outputs=(),
+    max_seq_len=8,
+    embedding_dim=4,
+)
+
+
+def run_with(variants: dict[str, tuple[float, float, bool]], **options: Any) -> Any:
+    """name -> (tokens/s, agreement, passes the gate); every name but fp32 is requested."""
+    candidates = {}
+    report = SimpleNamespace(variants={}, warnings=[], chosen=None)
+    for name, (speed, agreement, passed) in variants.items():
+        candidates[name] = Candidate(
+            name=name,
+            precision=name,
+            files={"model.onnx": Path("model.onnx")},
+            io=IO,
+            quantization={},
+            requested=name != "fp32",
+            quality=Quality("next_token_agreement", passed, agreement, f"{name} measured"),
+        )
+        report.variants[name] = {"tokens_per_s": speed}
+    opts = SimpleNamespace(
+        **{"keep_best": False, "force_quantize": False, "target": "cpu-avx2", **options}
+    )
+    run = SimpleNamespace(
+        candidates=candidates,
+        report=report,
+        options=opts,
+        max_accuracy_loss=0.05,
+        note=lambda name, **details: report.variants[name].update(details),
+    )
+    return run
+
+
+def chosen(run: Any) -> str:
+    return choose(run, Variants(run)).name  # type: ignore[arg-type]
+
+
+def test_fastest_passing_wins_and_near_ties_go_to_accuracy() -> None:
+    variants = {
+        "fp32": (25.0, 1.0, True),
+        "a": (100.0, 0.90, False),  # fastest, fails the gate
+        "b": (66.0, 0.955, True),
+        "c": (64.0, 0.968, True),  # within 5 % of b: the more accurate one ships
+    }
+    assert chosen(run_with(variants)) == "c"
+    variants["c"] = (50.0, 0.968, True)  # now clearly slower
+    assert chosen(run_with(variants)) == "b"
+
+
+def test_no_passing_variant_fails_or_keeps_fp32() -> None:
+    variants = {"fp32": (25.0, 1.0, True), "a": (90.0, 0.9, False)}
+    with pytest.raises(AccuracyGateError, match="--keep-best"):
+        chosen(run_with(variants))
+    run = run_with(variants, keep_best=True)
+    assert chosen(run) == "fp32" and "--keep-best kept fp32" in run.report.warnings[0]
+
+
+@pytest.mark.usefixtures("int8_measured_slower")
+def test_slower_than_fp32_is_refused_unless_forced() -> None:
+    variants = {"fp32": (25.0, 1.0, True), "a": (20.0, 0.99, True)}
+    with pytest.raises(SlowerQuantizationError, match="--force-quantize"):
+        chosen(run_with(variants))
+    forced = run_with(variants, force_quantize=True)
+    assert chosen(forced) == "a" and "shipped anyway" in forced.report.warnings[0]
+    kept = run_with(variants, keep_best=True)
+    assert chosen(kept) == "fp32"
+
+
+@pytest.mark.usefixtures("int8_measured_slower")
+def test_accelerator_targets_skip_the_cpu_speed_guard() -> None:
+    variants = {"fp32": (25.0, 1.0, True), "a": (20.0, 0.99, True)}
+    assert chosen(run_with(variants, target="gpu-cuda")) == "a"

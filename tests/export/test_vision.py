@@ -1,0 +1,152 @@
+"""EfficientNet-Lite0 export: static QDQ int8 within its gate, the speed guard refusing dynamic
+int8, the npu-qnn and gpu-cuda presets, image inputs in the runtime, the built-in image set."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import edgeinfer
+from edgeinfer.errors import ConfigError, InputError, SlowerQuantizationError
+from edgeinfer.export import images
+from edgeinfer.export.options import ExportOptions
+from edgeinfer.export.quantize import qdq_problems
+from edgeinfer.export.run import export
+from edgeinfer.package_io import ImageClassifierIO, ImageSpec
+from edgeinfer.runtime.tasks import prepare_images
+
+
+def _top1(model: edgeinfer.Model, views: np.ndarray) -> list[str]:
+    return [r.label for r in model.classify(views)]
+
+
+# -- the built-in image set and the runtime's image input (fast)
+
+
+def test_builtin_splits_are_deterministic_and_disjoint() -> None:
+    calibration = images.builtin_images("calibration", 6, size=64)
+    gate = images.builtin_images("gate", 6, size=64)
+    assert calibration.shape == gate.shape == (6, 64, 64, 3)
+    assert calibration.dtype == np.uint8
+    np.testing.assert_array_equal(gate, images.builtin_images("gate", 6, size=64))
+    for view in calibration:  # no calibration view is also a gate view
+        assert not any(np.array_equal(view, g) for g in gate)
+    # the gate starts with the two whole scenes and their mirrors
+    np.testing.assert_array_equal(gate[0][:, ::-1], gate[2])
+
+
+def test_read_images_forms(tmp_path: Path) -> None:
+    views = images.builtin_images("gate", 3, size=32)
+    np.save(tmp_path / "views.npy", views)
+    np.testing.assert_array_equal(images.read_images(tmp_path / "views.npy", size=32), views)
+    from PIL import Image
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    Image.fromarray(np.zeros((40, 60, 3), np.uint8)).save(folder / "a.png")
+    assert images.read_images(folder, size=32).shape == (1, 32, 32, 3)
+    with pytest.raises(ConfigError, match="uint8 RGB"):
+        images.read_images(tmp_path / "views.npy", size=16)
+    with pytest.raises(ConfigError, match="does not exist"):
+        images.read_images(tmp_path / "missing", size=32)
+
+
+def test_prepare_images_normalizes_and_validates() -> None:
+    spec = ImageSpec(height=4, width=4, mean=(127.0,) * 3, std=(128.0,) * 3)
+    hwc = np.full((4, 4, 3), 255, np.uint8)
+    pixels = prepare_images(hwc, image=spec)  # one image: [1, 3, 4, 4]
+    assert pixels.shape == (1, 3, 4, 4) and pixels.dtype == np.float32
+    assert np.allclose(pixels, 1.0)
+    np.testing.assert_array_equal(prepare_images(pixels, image=spec), pixels)  # float: as is
+    for bad in (np.zeros((5, 4, 3), np.uint8), np.zeros((1, 3, 4, 4), np.uint8)):
+        with pytest.raises(InputError, match="uint8 images must be RGB"):
+            prepare_images(bad, image=spec)
+    with pytest.raises(InputError, match="float32 images"):
+        prepare_images(np.zeros((1, 4, 4, 3), np.float32), image=spec)
+    with pytest.raises(InputError, match="dtype int64"):
+        prepare_images(np.zeros((4, 4, 3), np.int64), image=spec)
+    with pytest.raises(InputError, match="numpy array"):
+        prepare_images(["a picture"], image=spec)
+
+
+# -- packages (exported once per session, slow)
+
+
+@pytest.mark.slow
+def test_static_int8_is_qdq_and_agrees_with_fp32(effnet_int8: Path, effnet_fp32: Path) -> None:
+    manifest = json.loads((effnet_int8 / "manifest.json").read_text())
+    quant = manifest["quantization"]
+    assert (quant["mode"], quant["format"], quant["per_channel"]) == ("int8-static", "QDQ", True)
+    assert quant["calibration_size"] == 128
+    assert manifest["io"]["image"]["mean"] == [127.0] * 3
+    gate = manifest["accuracy"]
+    assert gate["value"]["passed"] and gate["value"]["mean"] >= 0.98
+    ops = {n.op_type for n in onnx.load(str(effnet_int8 / "model.onnx")).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops
+    views = images.builtin_images("gate", 4, size=224)  # the whole photos and their mirrors
+    with edgeinfer.load(effnet_int8) as int8, edgeinfer.load(effnet_fp32) as fp32:
+        assert _top1(int8, views) == _top1(fp32, views)
+        pixels = prepare_images(views, image=int8.manifest.io_as(ImageClassifierIO).image)
+        assert _top1(int8, pixels) == _top1(int8, views)  # float NCHW == uint8 HWC
+        with pytest.raises(InputError, match="resize"):
+            int8.classify(np.zeros((2, 100, 100, 3), np.uint8))
+        with pytest.raises(InputError):
+            int8.classify(["a text"])
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("int8_measured_slower")
+def test_a_slower_dynamic_int8_is_refused_with_advice(
+    tmp_path: Path, few_gate_views_npy: Path
+) -> None:
+    """Dynamic int8 (ConvInteger) measured slower than fp32: refused, pointing to static."""
+    out = tmp_path / "dynamic"
+    options = ExportOptions(
+        source="efficientnet-lite0", out=out, quantize="int8", eval_data=few_gate_views_npy
+    )
+    with pytest.raises(SlowerQuantizationError, match="int8-static") as refused:
+        export(options)
+    assert refused.value.report is not None
+    assert refused.value.report["variants"]["int8"]["speed"]["slower"] is True
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_npu_qnn_is_pure_qdq_with_fixed_shapes(effnet_qnn: Path, effnet_fp32: Path) -> None:
+    assert qdq_problems(effnet_qnn / "model.onnx") == []
+    assert qdq_problems(effnet_fp32 / "model.onnx")  # dynamic batch, float compute
+    manifest = json.loads((effnet_qnn / "manifest.json").read_text())
+    assert manifest["io"]["inputs"][0]["shape"] == [1, 3, 224, 224]
+    assert manifest["io"]["kind"] == "image-classifier"
+    assert manifest["quantization"]["rules"] == "qnn"
+    assert manifest["accuracy"]["value"]["passed"]
+    views = images.builtin_images("gate", 3, size=224)  # 3 images through a batch-1 graph
+    with edgeinfer.load(effnet_qnn, providers=["cpu"]) as qnn, edgeinfer.load(effnet_fp32) as fp32:
+        assert _top1(qnn, views) == _top1(fp32, views)
+
+
+@pytest.mark.slow
+def test_gpu_cuda_fp16_runs_on_cpu(
+    package_root: Path, export_once: Callable[..., Path], effnet_fp32: Path
+) -> None:
+    out = export_once(
+        package_root / "effnet-gpu-cuda",
+        source="efficientnet-lite0",
+        target="gpu-cuda",
+        quantize="fp16",
+        held_count=24,
+    )
+    graph = onnx.load(str(out / "model.onnx"))
+    fp16 = onnx.TensorProto.FLOAT16
+    assert sum(i.data_type == fp16 for i in graph.graph.initializer) > 40  # the conv weights
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [v["dtype"] for v in manifest["io"]["inputs"]] == ["float32"]  # fp32 I/O
+    assert manifest["precision"] == "fp16" and manifest["accuracy"]["value"]["passed"]
+    views = images.builtin_images("gate", 4, size=224)
+    with edgeinfer.load(out, providers=["cpu"]) as half, edgeinfer.load(effnet_fp32) as full:
+        assert _top1(half, views) == _top1(full, views)
