@@ -28,6 +28,7 @@ from mosquitto import (
 
 import edgeinfer
 from edgeinfer.bridge import Bridge, BridgeConfig, Client, Connection
+from edgeinfer.bridge.replies import epoch_ms
 
 __all__ = [
     "LOOPBACK",
@@ -35,6 +36,7 @@ __all__ = [
     "MOSQUITTO_PASSWD",
     "OPENSSL",
     "CountingModel",
+    "FakeClock",
     "Harness",
     "Mosquitto",
     "Secure",
@@ -82,6 +84,19 @@ class CountingModel:
         return self._model.classify(texts, truncate=truncate)
 
 
+class FakeClock:
+    """An epoch-ms clock that moves only when told (deadline tests never sleep)."""
+
+    def __init__(self) -> None:
+        self.now_ms = epoch_ms()
+
+    def __call__(self) -> float:
+        return self.now_ms
+
+    def advance(self, ms: float) -> None:
+        self.now_ms += ms
+
+
 @dataclass
 class Harness:
     """Starts bridges and clients against a broker and stops them all at the end."""
@@ -96,9 +111,10 @@ class Harness:
         counting = CountingModel(self.model)
         connection = Connection(broker=server.url, client_id=client_id or f"bridge-{device_id}",
                                 protocol=protocol, **_auth(server, options))
+        clock = options.pop("clock_ms", epoch_ms)
         config = BridgeConfig(connection=connection, device_id=device_id,
                               metrics_interval_s=options.pop("metrics_interval_s", 0), **options)
-        bridge = Bridge({"minilm": counting}, config=config)
+        bridge = Bridge({"minilm": counting}, config=config, clock_ms=clock)
         self.bridges.append(bridge)
         if start:
             bridge.start()

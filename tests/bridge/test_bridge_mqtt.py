@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from typing import Any
 
 import numpy as np
 import pytest
-from bridge_harness import Harness, Mosquitto, wait_until
+from bridge_harness import FakeClock, Harness, Mosquitto, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from paho.mqtt.client import Client as PahoClient
@@ -20,7 +19,6 @@ from paho.mqtt.properties import Properties
 import edgeinfer
 from edgeinfer.bridge import Bridge, Client
 from edgeinfer.bridge import protocol as proto
-from edgeinfer.bridge.worker import epoch_ms
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +30,9 @@ def served(broker: Mosquitto, module_harness: Harness) -> tuple[Bridge, Any, Cli
 
 def assert_ok_embedding(reply: dict[str, Any], model: Any, texts: list[str]) -> None:
     assert reply["ok"] is True, reply
-    assert (reply["model"], reply["precision"]) == ("minilm", "int8")
+    assert (reply["v"], reply["model"], reply["precision"]) == (1, "minilm", "int8")
     assert reply["cached"] is False and reply["exit_layer"] is None
-    assert reply["queue_ms"] >= 0 and reply["compute_ms"] > 0
+    assert reply["compute_ms"] > 0
     expected = model.embed(texts)
     np.testing.assert_allclose(np.asarray(reply["result"]), expected, atol=1e-6)
 
@@ -149,16 +147,17 @@ def test_full_queue_answers_busy_at_once(broker: Mosquitto, harness: Harness) ->
 
 def test_expired_deadline_is_answered_without_running_the_model(broker: Mosquitto,
                                                                 harness: Harness) -> None:
-    bridge, counting = harness.bridge(broker, device_id="late")
+    clock = FakeClock()
+    bridge, counting = harness.bridge(broker, device_id="late", clock_ms=clock)
     client = harness.client(broker, device_id="late")
-    reply = client.request("minilm", text="too late", deadline_ms=epoch_ms() - 1000)
+    reply = client.request("minilm", text="too late", deadline_ms=clock() - 1000)
     assert reply["error"]["code"] == proto.DEADLINE_EXCEEDED
     # A deadline that passes while the request waits in the queue: still not run.
     bridge.worker.pause()
     future = client.submit("minilm", text="expires in the queue", timeout_ms=100,
                            attempt_timeout_s=60)
     wait_until(lambda: bridge.worker.queue_depth == 1)
-    time.sleep(0.3)  # longer than the 100 ms timeout: the deadline has passed for sure
+    clock.advance(101)  # past the 100 ms timeout, on the bridge's clock
     bridge.worker.resume()
     assert future.result(30)["error"]["code"] == proto.DEADLINE_EXCEEDED
     assert counting.calls == 0
@@ -240,13 +239,15 @@ def test_status_is_retained_and_metrics_are_published(broker: Mosquitto,
     finally:
         watcher.disconnect()
         watcher.loop_stop()
-    assert seen["edgeinfer/ops/status"] == b"online"
+    status = json.loads(seen["edgeinfer/ops/status"])
+    assert status["state"] == "online"
+    assert status["models"]["minilm"]["digest"] == harness.model.manifest.digest
     metrics = json.loads(seen["edgeinfer/ops/metrics"])
     assert metrics["counts"]["ok"] >= 1 and metrics["queue_depth"] == 0
     assert set(metrics["latency_ms"]["total_ms"]) == {"p50", "p95", "p99"}
     bridge.stop()
     offline = RawStatus(broker, "edgeinfer/ops/status")
-    assert offline.value == b"offline"
+    assert json.loads(offline.value)["state"] == "offline"
 
 
 class RawStatus:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from edgeinfer.bridge import protocol as proto
 from edgeinfer.bridge.connection import Connection, parse_broker_url
+from edgeinfer.bridge.kinds import MAX_TEXTS, TextInput
 from edgeinfer.errors import ConfigError
 
 LIMIT = 4096
@@ -26,7 +27,8 @@ def test_a_valid_request_decodes_with_its_deadline() -> None:
     req = decode(json.dumps({"id": "a", "texts": ["x", "y"], "timeout_ms": 50,
                              "params": {"truncate": False}}).encode())
     assert isinstance(req, proto.Request)
-    assert (req.id, req.texts, req.truncate, req.deadline_ms) == ("a", ("x", "y"), False, 1050.0)
+    assert req.kind == "text" and req.input == TextInput(("x", "y"), truncate=False)
+    assert (req.id, req.deadline_ms) == ("a", 1050.0)
     assert (req.reply_to, req.correlation, req.fmt) == ("r/t", b"c", "json")
 
 
@@ -42,13 +44,16 @@ def test_v311_reply_to_comes_from_the_payload() -> None:
     ({"text": "x"}, "'id'"),
     ({"id": "", "text": "x"}, "'id'"),
     ({"id": "a" * (proto.MAX_ID_CHARS + 1), "text": "x"}, "'id'"),
-    ({"id": "a"}, "exactly one"),
+    ({"id": "a"}, "which kind"),
     ({"id": "a", "text": "x", "texts": ["y"]}, "exactly one"),
+    ({"id": "a", "text": "x", "prompt": "y"}, "which kind"),
+    ({"id": "a", "v": 2, "text": "x"}, "newer than this bridge"),
+    ({"id": "a", "text": "x", "encoding": "hex"}, "'encoding'"),
     ({"id": "a", "texts": []}, "non-empty list"),
     ({"id": "a", "texts": "x"}, "non-empty list"),
     ({"id": "a", "texts": ["x", 3]}, "non-empty string"),
     ({"id": "a", "text": "   "}, "non-empty string"),
-    ({"id": "a", "texts": ["x"] * (proto.MAX_TEXTS + 1)}, "at most"),
+    ({"id": "a", "texts": ["x"] * (MAX_TEXTS + 1)}, "at most"),
     ({"id": "a", "text": "x", "timeout_ms": 0}, "positive"),
     ({"id": "a", "text": "x", "timeout_ms": True}, "positive"),
     ({"id": "a", "text": "x", "deadline_ms": "soon"}, "epoch ms"),
@@ -106,7 +111,8 @@ json_values = st.recursive(
 def test_wrong_typed_objects_never_raise(body: dict[str, object]) -> None:
     result = decode(json.dumps(body).encode())
     if isinstance(result, proto.Request):  # then it really was valid
-        assert isinstance(body["id"], str) and all(isinstance(t, str) for t in result.texts)
+        assert isinstance(body["id"], str) and isinstance(result.input, TextInput)
+        assert all(isinstance(t, str) for t in result.input.texts)
 
 
 def test_broker_urls_and_connection_checks() -> None:
