@@ -51,8 +51,11 @@ def serve(
     ] = None,
     password: Annotated[
         str | None,
-        typer.Option(envvar="EDGEINFER_MQTT_PASSWORD", show_default=False,
-                     help="broker password (prefer the environment variable)"),
+        typer.Option(
+            envvar="EDGEINFER_MQTT_PASSWORD",
+            show_default=False,
+            help="broker password (prefer the environment variable)",
+        ),
     ] = None,
     tls_ca: Annotated[Path | None, typer.Option(help="CA file that signed the broker")] = None,
     tls_cert: Annotated[Path | None, typer.Option(help="client certificate")] = None,
@@ -75,14 +78,24 @@ def serve(
 
     device = device_id or socket.gethostname().split(".")[0]
     connection = Connection(
-        broker=broker, client_id=client_id or default_client_id(device, shared_group),
-        protocol=protocol.value, username=username, password=password,
-        tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+        broker=broker,
+        client_id=client_id or default_client_id(device, shared_group),
+        protocol=protocol.value,
+        username=username,
+        password=password,
+        tls_ca=tls_ca,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
     )
     config = BridgeConfig(
-        connection=connection, device_id=device, topic_prefix=topic_prefix,
-        shared_group=shared_group, qos=qos, max_queue=max_queue,
-        max_payload_bytes=max_payload_bytes, metrics_interval_s=metrics_interval_s,
+        connection=connection,
+        device_id=device,
+        topic_prefix=topic_prefix,
+        shared_group=shared_group,
+        qos=qos,
+        max_queue=max_queue,
+        max_payload_bytes=max_payload_bytes,
+        metrics_interval_s=metrics_interval_s,
     )
     names = [p.resolve().name for p in packages]
     if len(set(names)) != len(names):
@@ -107,8 +120,10 @@ def serve(
             bridge.wait_ready(timeout_s=30)
         except BrokerUnavailableError:  # keep trying: the broker may come up after us (boot order)
             console.print(f"[yellow]{broker} not reachable yet; retrying in the background[/]")
-        console.print(f"serving {', '.join(names)} on {broker} as {config.base}/<model>/req "
-                      f"(client id {connection.client_id}); Ctrl-C to stop")
+        console.print(
+            f"serving {', '.join(names)} on {broker} as {config.base}/<model>/req "
+            f"(client id {connection.client_id}); Ctrl-C to stop"
+        )
         while not stop.wait(0.5):
             if bridge.refused is not None:
                 raise BrokerAuthError(f"the broker refused the bridge: {bridge.refused}")

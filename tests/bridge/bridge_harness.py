@@ -157,3 +157,69 @@ def wait_until(predicate: Callable[[], bool], *, timeout_s: float = 30.0) -> Non
             pytest.fail("condition not reached (hang guard)")
         time.sleep(0.01)
 
+
+
+class PahoPeer:
+    """A device written with plain paho (not our Client): publishes requests with a v5
+    ResponseTopic and CorrelationData, and keeps every message that comes back, in order."""
+
+    def __init__(self, port: int, name: str, *, fmt: str = "msgpack") -> None:
+        from paho.mqtt.client import Client as PahoClient
+        from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+        self.topic = f"peer/{name}/reply"
+        self.fmt = fmt
+        self.messages: list[tuple[bytes, dict[str, Any]]] = []  # (correlation, message)
+        self._cond = threading.Condition()
+        ready = threading.Event()
+        self.client = PahoClient(CallbackAPIVersion.VERSION2, client_id=f"peer-{name}",
+                                 protocol=MQTTProtocolVersion.MQTTv5)
+        self.client.on_connect = lambda c, *a: c.subscribe(self.topic, qos=1)
+        self.client.on_subscribe = lambda *a: ready.set()
+        self.client.on_message = self._on_message
+        self.client.connect(LOOPBACK, port)
+        self.client.loop_start()
+        assert ready.wait(10)
+
+    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        from edgeinfer.bridge import protocol as proto
+
+        fmt = proto.wire_format(getattr(message.properties, "ContentType", None))
+        with self._cond:
+            self.messages.append((bytes(message.properties.CorrelationData),
+                                  proto.decode_reply(message.payload, fmt=fmt)))
+            self._cond.notify_all()
+
+    def send(self, device: str, model: str, body: dict[str, Any], *,
+             correlation: bytes | None = None) -> bytes:
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        from edgeinfer.bridge import protocol as proto
+
+        correlation = correlation or str(body["id"]).encode()
+        props = Properties(PacketTypes.PUBLISH)
+        props.ResponseTopic = self.topic
+        props.CorrelationData = correlation
+        if self.fmt == "msgpack":
+            props.ContentType = proto.CONTENT_MSGPACK
+        self.client.publish(f"edgeinfer/{device}/{model}/req", proto.encode(body, fmt=self.fmt),
+                            qos=1, properties=props).wait_for_publish(10)
+        return correlation
+
+    def of(self, correlation: bytes) -> list[dict[str, Any]]:
+        with self._cond:
+            return [m for c, m in self.messages if c == correlation]
+
+    def final(self, correlation: bytes, *, timeout_s: float = 60) -> dict[str, Any]:
+        """The one final message (not a chunk) for ``correlation``."""
+        def done() -> bool:
+            return any("chunk" not in m for m in self.of(correlation))
+
+        with self._cond:
+            assert self._cond.wait_for(done, timeout=timeout_s), self.of(correlation)
+        return next(m for m in self.of(correlation) if "chunk" not in m)
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
