@@ -103,6 +103,7 @@ class Deployer:
         config.folder.mkdir(parents=True, exist_ok=True)
         self.staging = Staging(config.folder)
         self._begin: dict[str, Any] = {}
+        self._activated: dict[str, Any] = {}  # the last deploy that went live
         self._slots: dict[str, _Slot] = {}
         for name, path in origins.items():
             self._slots[name] = _Slot(active=self._describe(path, signer=self._signer_of(path)))
@@ -175,13 +176,14 @@ class Deployer:
                     self._cond.notify_all()
             else:
                 self._status("failed", message=f"unknown deploy op {op!r}")
-        except EdgeInferError as exc:
+        except (EdgeInferError, OSError) as exc:  # OSError: the disk refused a write
             self._status(
                 "failed",
                 deploy_id=message.get("deploy_id"),
                 name=message.get("name"),
                 nonce=message.get("nonce"),
-                message=f"{exc.code}: {exc}",
+                round=message.get("round"),
+                message=f"{getattr(exc, 'code', 'disk')}: {exc}",
             )
 
     def _on_begin(self, message: Mapping[str, Any]) -> None:
@@ -220,7 +222,7 @@ class Deployer:
             "digest": manifest.digest,
             "nonce": message.get("nonce"),
         }
-        self._receiving()
+        self._receiving(round=message.get("round"))
 
     def _receiving(self, **extra: Any) -> None:
         missing = self.staging.missing()
@@ -255,8 +257,6 @@ class Deployer:
             )
             return
         self.staging.write(ref, data, digest)
-        if not self.staging.missing():
-            self._receiving()
 
     # -- the deploy thread ---------------------------------------------------------------------
     def _loop(self) -> None:
@@ -268,26 +268,35 @@ class Deployer:
                 job = self._jobs.pop(0)
             try:
                 if job.get("op") == "commit":
-                    self._commit(str(job.get("deploy_id")))
+                    self._commit(str(job.get("deploy_id")), job.get("round"))
                 else:
-                    self._rollback(str(job.get("name")), job.get("nonce"))
+                    self._rollback(str(job.get("name")), job.get("nonce"), job.get("round"))
             except Exception as exc:  # the old model keeps serving; say why
-                log.exception("deploy step failed")
+                if isinstance(exc, EdgeInferError):
+                    log.warning("deploy step refused: %s", exc)
+                else:
+                    log.exception("deploy step failed")
                 self._status(
                     "failed",
+                    round=job.get("round"),
                     deploy_id=job.get("deploy_id"),
                     name=job.get("name"),
                     nonce=job.get("nonce"),
-                    message=f"{type(exc).__name__}: {exc}",
+                    message=f"{getattr(exc, 'code', type(exc).__name__)}: {exc}",
                 )
 
-    def _commit(self, deploy_id: str) -> None:
+    def _commit(self, deploy_id: str, round_: Any) -> None:
+        if deploy_id == self._activated.get("deploy_id"):  # a redelivered commit: done already
+            self._status("active", **{**self._activated, "round": round_})
+            return
         if deploy_id != self.staging.deploy_id:
             raise ConfigError(f"commit of deploy {deploy_id!r}, which is not being received")
         if self.staging.missing():
-            self._receiving(message="commit before every chunk arrived; send the missing ones")
+            self._receiving(
+                round=round_, message="commit before every chunk arrived; send the missing ones"
+            )
             return
-        begin = dict(self._begin)
+        begin = {**self._begin, "round": round_}
         try:
             self._status("verifying", **begin)
             manifest = Manifest.read(self.staging.folder)  # names checked again, on disk
@@ -303,6 +312,7 @@ class Deployer:
         self.staging.folder.rename(target)
         self.staging.discard()
         self._swap(begin["name"], model, self._describe(target, signer=begin["signer"]))
+        self._activated = begin
         self._status("active", **begin)
 
     def _load_checked(self, folder: Path, about: Mapping[str, Any]) -> ServedModel:
@@ -312,7 +322,7 @@ class Deployer:
         self.config.smoke_check(model)
         return model
 
-    def _rollback(self, name: str, nonce: Any) -> None:
+    def _rollback(self, name: str, nonce: Any, round_: Any) -> None:
         slot = self._slots.get(name)
         if slot is None or slot.previous is None:
             raise ConfigError(f"{name!r} has no previous package to roll back to")
@@ -320,6 +330,7 @@ class Deployer:
             "name": name,
             "digest": slot.previous["digest"],
             "nonce": nonce,
+            "round": round_,
             "signer": slot.previous.get("signer"),
         }
         try:

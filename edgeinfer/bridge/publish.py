@@ -80,7 +80,8 @@ class _Link:
     def send(self, message: dict[str, Any]) -> Any:
         return self.client.publish(self.req, proto.packb({**message, "nonce": self.nonce}), qos=1)
 
-    def wait(self, states: frozenset[str], deadline: float) -> dict[str, Any]:
+    def wait(self, states: frozenset[str], deadline: float, round_: int) -> dict[str, Any]:
+        """The first status of this nonce and ``round_`` in one of ``states``."""
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -92,7 +93,7 @@ class _Link:
                 status = self.statuses.get(timeout=left)
             except queue.Empty:
                 continue
-            if status.get("state") in states:
+            if status.get("state") in states and status.get("round") == round_:
                 return status
 
     def close(self) -> None:
@@ -125,7 +126,7 @@ def deploy_package(
     if signature is None:
         raise ConfigError(f"{package} is not signed; run `edgeinfer sign {package} --key KEY`")
     name = name or package.resolve().name
-    deploy_id = f"{name}-{manifest.digest[:16]}"
+    deploy_id = f"{name}-{hashlib.sha256(manifest_bytes).hexdigest()[:16]}"
     plan = chunk_plan(manifest.files, chunk_bytes)
     deadline = time.monotonic() + timeout_s
     link = _Link(connection, f"{topic_prefix}/{device_id}", os.urandom(8).hex(), timeout_s)
@@ -139,18 +140,19 @@ def deploy_package(
                 "chunk_bytes": chunk_bytes,
                 "manifest": manifest_bytes,
                 "signature": signature,
+                "round": 0,
             }
         )
-        status = link.wait(_FINAL | {"receiving"}, deadline)
-        for _ in range(max_rounds):
+        status = link.wait(_FINAL | {"receiving"}, deadline, 0)
+        for round_ in range(1, max_rounds + 1):
             if status["state"] != "receiving":
                 break
             pending = [link.send(_chunk(package, plan[i], deploy_id)) for i in status["missing"]]
             sent += len(pending)
             for info in pending:
                 info.wait_for_publish(max(0.1, deadline - time.monotonic()))
-            link.send({"op": "commit", "deploy_id": deploy_id})
-            status = link.wait(_FINAL | {"receiving"}, deadline)
+            link.send({"op": "commit", "deploy_id": deploy_id, "round": round_})
+            status = link.wait(_FINAL | {"receiving"}, deadline, round_)
         return DeployOutcome(status, sent, len(plan))
     finally:
         link.close()
@@ -182,7 +184,7 @@ def rollback_package(
     """Ask ``device_id``'s bridge to serve ``name``'s previous package again."""
     link = _Link(connection, f"{topic_prefix}/{device_id}", os.urandom(8).hex(), timeout_s)
     try:
-        link.send({"op": "rollback", "name": name})
-        return DeployOutcome(link.wait(_FINAL, time.monotonic() + timeout_s))
+        link.send({"op": "rollback", "name": name, "round": 0})
+        return DeployOutcome(link.wait(_FINAL, time.monotonic() + timeout_s, 0))
     finally:
         link.close()
