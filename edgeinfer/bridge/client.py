@@ -1,10 +1,9 @@
 """``edgeinfer.bridge.Client``: send requests to a bridge and wait for the replies.
 
-End-to-end delivery rests here: a broker killed with -9 can lose QoS 1 messages it had
-acknowledged but not yet saved, so the client re-sends a request with the **same id** when no
-reply came within ``attempt_timeout_s`` (backing off), and the bridge answers a repeated id from
-its de-duplication store without running the model twice. Each request's future resolves once;
-any further reply to it is counted in ``duplicate_replies`` and dropped.
+A broker killed with -9 can lose QoS 1 messages it had acknowledged, so the client re-sends a
+request with the **same id** when no reply came within ``attempt_timeout_s`` (backing off); the
+bridge answers a repeated id from its de-duplication store without running the model twice.
+Each future resolves once; further replies are counted in ``duplicate_replies`` and dropped.
 """
 
 from __future__ import annotations
@@ -61,8 +60,7 @@ class Client:
     """A request/response client for ``edgeinfer serve``.
 
     Args:
-        connection: broker, credentials, TLS, protocol and (stable) client id; the client id
-            names the reply topic and the persistent session that keeps replies across drops.
+        connection: broker, credentials, TLS, protocol and a stable client id (its session).
         device_id, topic_prefix: the bridge's topic levels.
         qos: QoS for requests and the reply subscription.
         fmt: ``"json"`` or ``"msgpack"`` (MQTT v5 only: the content type says which).
@@ -152,7 +150,6 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- requests ------------------------------------------------------------------------------
     def submit(
         self,
         model: str,
@@ -178,10 +175,9 @@ class Client:
             request_id: the id (default: a fresh unique one); re-sends reuse it.
             timeout_ms, deadline_ms: a relative or an absolute (epoch ms) deadline, or neither.
             params: model parameters (``{"truncate": bool}``).
-            fields: any other request fields (an image, tensor inputs, a prompt, ...:
-                docs/mqtt.md), instead of ``text``/``texts``.
-            on_chunk: called with each chunk of a streamed generation, in order, once each
-                (the future resolves with the final message); a chunk also postpones re-sends.
+            fields: other request fields (image, inputs, prompt, ...: docs/mqtt.md).
+            on_chunk: called once with each new chunk of a generation, in order (the future
+                resolves with the final message).
             attempt_timeout_s: wait this long for a reply before re-sending the same id.
             retries: re-sends at most; then the future fails with ``RequestTimeoutError``.
             backoff: each wait is this many times the previous one.
@@ -222,7 +218,7 @@ class Client:
         )
 
     def request(self, model: str, **kwargs: Any) -> dict[str, Any]:
-        """``submit(...)`` and wait for the reply (``RequestTimeoutError`` after the last try)."""
+        """``submit(...)`` then wait for the reply (``RequestTimeoutError`` after the last try)."""
         return self.submit(model, **kwargs).result()
 
     def send_raw(
@@ -242,16 +238,9 @@ class Client:
         if not self.connection.is_v5:
             raise ConfigError("send_raw needs MQTT v5 (the reply is matched by CorrelationData)")
         correlation = f"raw-{self._prefix}-{next(self._ids)}".encode()
-        return self._send(
-            f"{self.base}/{model}/req",
-            payload,
-            correlation,
-            content_type,
-            attempt_timeout_s,
-            retries,
-            1.0,
-            0.0,
-        )
+        topic = f"{self.base}/{model}/req"
+        return self._send(topic, payload, correlation, content_type, attempt_timeout_s, retries,
+                          1.0, 0.0)  # fmt: skip
 
     def _send(
         self,
@@ -338,7 +327,6 @@ class Client:
                 if not self._closed:
                     self._lock.wait(max(0.0, min(wake - time.monotonic(), 1.0)))
 
-    # -- paho callbacks --------------------------------------------------------------------------
     def _on_connect(
         self,
         client: PahoClient,

@@ -1,12 +1,10 @@
 """The bridge's worker: a bounded queue between paho's network thread and the models.
 
-``submit`` runs in paho's callback thread and only does cheap things: answer a decode error,
-answer a repeated id from the de-duplication store, answer an exact reply-cache hit, answer
-an already-expired deadline, route a generation to its model's lane (``generation.py``),
-cancel one, or enqueue. A full queue is answered ``busy`` at once (back-pressure instead of
-unbounded memory). Worker threads take requests off the queue, answer ``deadline_exceeded``
-without running the model when the deadline passed while queued, and otherwise take the
-model serving the name *now* (a deploy swaps models between requests), run it and reply.
+``submit`` (paho's thread) only does cheap things: answer an error, a repeated id (de-dup
+store), a reply-cache hit or an expired deadline; route a generation to its lane
+(``generation.py``) or cancel one; enqueue, or answer ``busy`` when the queue is full. Worker
+threads drop requests that expired while queued, take the model serving the name *now* (a
+deploy swaps models between requests), run it and reply.
 """
 
 from __future__ import annotations
@@ -98,7 +96,6 @@ class Worker:
         ]
         self._started = False
 
-    # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         """Start the worker threads and the lanes (once)."""
         with self._ready:
@@ -163,7 +160,6 @@ class Worker:
                     lane.start()
             return lane
 
-    # -- paho's thread -----------------------------------------------------------------------
     def submit(self, item: proto.Request | proto.ErrorReply) -> None:
         """Answer, route or enqueue one decoded message. Cheap; never runs a model."""
         self._count("received")
@@ -253,7 +249,6 @@ class Worker:
         self._send_to(item, stored.payload(item.fmt))
         return True
 
-    # -- worker threads ----------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
             with self._ready:
@@ -341,7 +336,6 @@ class Worker:
             ),
         }
 
-    # -- replies -----------------------------------------------------------------------------
     def _send_to(self, request: proto.Request, payload: bytes) -> None:
         self._send(Outgoing(request.reply_to, payload, request.correlation, request.fmt))
 
@@ -375,7 +369,6 @@ class Worker:
         with self._lock:
             self.counts[name] += 1
 
-    # -- metrics -----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """Counters, queue depths and latency percentiles (ms) of the recent window."""
         with self._lock:
@@ -393,12 +386,12 @@ class Worker:
             "reply_cache_entries": 0 if self.reply_cache is None else len(self.reply_cache),
             "streams": len(self.streams),
             "cache_hit_rate": (counts.get("cached", 0) / ok) if ok else None,
-            "latency_ms": {
-                name: (
-                    {"p50": s.p50_ms, "p95": s.p95_ms, "p99": s.p99_ms}
-                    if s.count
-                    else {"p50": None, "p95": None, "p99": None}
-                )
-                for name, s in summaries.items()
-            },
+            "latency_ms": {name: _percentiles(s) for name, s in summaries.items()},
         }
+
+
+def _percentiles(summary: Any) -> dict[str, float | None]:
+    """p50/p95/p99 of a latency window (``None`` each while it is empty)."""
+    if not summary.count:
+        return {"p50": None, "p95": None, "p99": None}
+    return {"p50": summary.p50_ms, "p95": summary.p95_ms, "p99": summary.p99_ms}
