@@ -404,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
                    Path(tmp) / "cache" if args.cache else None) as proc,
         ):
             phases = set(args.phases.split(","))
+            with client(broker, "bench-wait") as c:  # until the bridge has subscribed
+                c.request(model, text="warm up", attempt_timeout_s=1.0, retries=120, backoff=1.0)
             results: dict[str, Any] = {
                 "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                             "load_average": os.getloadavg()},
