@@ -79,6 +79,10 @@ class Bridge:
         for name in models:
             if not name or TOPIC_LEVEL_BAD & set(name):
                 raise ConfigError(f"model name {name!r} is not a valid topic level")
+        if deploy is not None and (config.shared_group or "deploy" in models):
+            raise ConfigError(
+                "deploys go to one bridge: not with a shared group, and no model named 'deploy'"
+            )
         self.config = config
         self._state = _State()
         self._stop = threading.Event()
@@ -232,10 +236,8 @@ class Bridge:
             self.config.connection.broker,
             flags.session_present,
         )
-        topics = [(self.config.subscription, self.config.qos)]
-        if self.deployer is not None:
-            topics.append((f"{self.config.base}/deploy/req", 1))
-        client.subscribe(topics)
+        # P/D/+/req covers P/D/deploy/req too: one subscription, so each message comes once.
+        client.subscribe(self.config.subscription, qos=self.config.qos)
         self._publish_status()
 
     def _on_subscribe(
