@@ -104,6 +104,7 @@ class Deployer:
         self.staging = Staging(config.folder)
         self._begin: dict[str, Any] = {}
         self._activated: dict[str, Any] = {}  # the last deploy that went live
+        self._rollback_nonce: Any = None  # the last rollback asked for (re-sends ignored)
         self._slots: dict[str, _Slot] = {}
         for name, path in origins.items():
             self._slots[name] = _Slot(active=self._describe(path, signer=self._signer_of(path)))
@@ -171,6 +172,9 @@ class Deployer:
             elif op == "status":
                 self._publish(self.last_status or {"state": "idle"})
             elif op in ("commit", "rollback"):
+                if op == "rollback" and message.get("nonce") == self._rollback_nonce:
+                    return  # a re-sent rollback: the first one is applied or under way
+                self._rollback_nonce = message.get("nonce") if op == "rollback" else None
                 with self._cond:
                     self._jobs.append(message)
                     self._cond.notify_all()

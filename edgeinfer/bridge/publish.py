@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 __all__ = ["DeployOutcome", "deploy_package", "rollback_package"]
 
 _FINAL = frozenset({"active", "failed", "rolled_back"})
+_ANY = frozenset({"receiving", "verifying", "loading", "smoke_check"}) | _FINAL
+# Re-send begin/rollback after this long without any status (the device repeats none twice).
+_RESEND_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,17 @@ class _Link:
             if status.get("state") in states and status.get("round") == round_:
                 return status
 
+    def request(self, message: dict[str, Any], deadline: float) -> dict[str, Any]:
+        """Send ``message`` until a first status answers it (a bridge not yet subscribed,
+        just started or reconnecting, never saw the earlier copies); return that status."""
+        while True:
+            self.send(message)
+            try:
+                return self.wait(_ANY, min(deadline, time.monotonic() + _RESEND_S), 0)
+            except RequestTimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
@@ -132,18 +146,16 @@ def deploy_package(
     link = _Link(connection, f"{topic_prefix}/{device_id}", os.urandom(8).hex(), timeout_s)
     sent = 0
     try:
-        link.send(
-            {
-                "op": "begin",
-                "deploy_id": deploy_id,
-                "name": name,
-                "chunk_bytes": chunk_bytes,
-                "manifest": manifest_bytes,
-                "signature": signature,
-                "round": 0,
-            }
-        )
-        status = link.wait(_FINAL | {"receiving"}, deadline, 0)
+        begin = {
+            "op": "begin",
+            "deploy_id": deploy_id,
+            "name": name,
+            "round": 0,
+            "chunk_bytes": chunk_bytes,
+            "manifest": manifest_bytes,
+            "signature": signature,
+        }
+        status = link.request(begin, deadline)
         for round_ in range(1, max_rounds + 1):
             if status["state"] != "receiving":
                 break
@@ -184,7 +196,11 @@ def rollback_package(
     """Ask ``device_id``'s bridge to serve ``name``'s previous package again."""
     link = _Link(connection, f"{topic_prefix}/{device_id}", os.urandom(8).hex(), timeout_s)
     try:
-        link.send({"op": "rollback", "name": name, "round": 0})
-        return DeployOutcome(link.wait(_FINAL, time.monotonic() + timeout_s, 0))
+        rollback = {"op": "rollback", "name": name, "round": 0}
+        deadline = time.monotonic() + timeout_s
+        status = link.request(rollback, deadline)
+        return DeployOutcome(
+            status if status["state"] in _FINAL else link.wait(_FINAL, deadline, 0)
+        )
     finally:
         link.close()

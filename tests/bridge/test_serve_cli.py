@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,3 +73,29 @@ def test_serve_with_a_wrong_password_exits_2_without_echoing_it(secure_broker: M
     assert result.returncode == 2 and "refused" in result.stderr
     assert "(broker_auth)" in result.stderr
     assert "wrong-password-never-logged" not in result.stdout + result.stderr
+
+
+def test_serve_takes_deploys_only_from_trusted_keys(broker: Mosquitto, minilm_int8: Path,
+                                                    tmp_path: Path) -> None:
+    """``serve --deploy-dir`` wiring: a deploy signed by an untrusted key is refused (exit 1),
+    and --deploy-dir without a --trusted-key is a usage error (exit 2)."""
+    from edgeinfer.cli import main
+
+    assert main(["keygen", "-o", str(tmp_path / "trusted")]) == 0
+    assert main(["keygen", "-o", str(tmp_path / "other")]) == 0
+    package = tmp_path / "pkg"
+    shutil.copytree(minilm_int8, package)
+    assert main(["sign", str(package), "--key", str(tmp_path / "other.key")]) == 0
+    base = [sys.executable, "-m", "edgeinfer", "serve", str(minilm_int8), "--broker", broker.url,
+            "--device-id", "cli-deploy", "--deploy-dir", str(tmp_path / "deployed")]
+    no_key = subprocess.run(base, capture_output=True, text=True, timeout=120)
+    assert no_key.returncode == 2 and "--trusted-key" in no_key.stderr
+    proc = subprocess.Popen([*base, "--trusted-key", str(tmp_path / "trusted.pub")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        code = main(["deploy", str(package), "--broker", broker.url, "--device-id",
+                     "cli-deploy", "--timeout-s", "120"])
+        assert code == 1  # refused: the signer is not trusted (the bridge answered)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
