@@ -12,9 +12,10 @@ It starts its own mosquitto (a generated config, a free 127.0.0.1 port, TCP_NODE
    ``handoff_queue_ms``: the reply's ``queue_ms`` (requests are sequential, so the queue is empty
    and this is the paho thread -> worker hand-off alone).
 2. **answers without compute**: ``replay`` re-sends one request id, answered from the bridge's
-   de-duplication store; ``cached`` (with ``--cache``) sends new ids with a text already
-   answered, so each goes through the queue and a worker and is answered by the runtime's
-   result cache without running the model (pipelined, several connections).
+   de-duplication store; ``cached`` (with ``--cache``, which turns on the bridge's reply cache)
+   sends new ids with a text already answered: each is answered in paho's thread from the
+   reply cache, without the worker hop or the model (pipelined, several connections).
+   ``overhead`` also runs JSON with ``"encoding": "float32-base64"`` vectors.
 3. **load**: N closed-loop clients for D seconds (default 50 for 60 s) with a 1 s deadline each;
    the bridge's RSS and queue depth are sampled every second; it stops by itself.
 
@@ -164,8 +165,11 @@ def stats(values: list[float]) -> dict[str, float | None]:
     return {"p50": summary.p50_ms, "p99": summary.p99_ms, "mean": summary.mean_ms}
 
 
-def phase_overhead(broker: str, model: str, requests: int, fmt: str) -> dict[str, Any]:
-    with client(broker, f"bench-seq-{fmt}", fmt) as c:
+def phase_overhead(
+    broker: str, model: str, requests: int, fmt: str, encoding: str = "shortest"
+) -> dict[str, Any]:
+    fields = None if encoding == "shortest" else {"encoding": encoding}
+    with client(broker, f"bench-seq-{fmt}-{encoding}", fmt) as c:
         # Retries on until the bridge has subscribed (its first session starts empty).
         c.request(model, text="warm up", attempt_timeout_s=1.0, retries=120, backoff=1.0)
         for i in range(50):
@@ -173,7 +177,9 @@ def phase_overhead(broker: str, model: str, requests: int, fmt: str) -> dict[str
         rtt, compute, queued = [], [], []
         for i in range(requests):
             started = time.perf_counter()
-            reply = c.request(model, text=f"sensor reading number {i}: pressure nominal")
+            reply = c.request(
+                model, text=f"sensor reading number {i}: pressure nominal", fields=fields
+            )
             rtt.append((time.perf_counter() - started) * 1e3)
             compute.append(float(reply["compute_ms"]))
             queued.append(float(reply["queue_ms"]))  # sequential: the paho -> worker hand-off
@@ -190,6 +196,7 @@ def phase_overhead(broker: str, model: str, requests: int, fmt: str) -> dict[str
     overhead = [r - c_ for r, c_ in zip(rtt, compute, strict=True)]
     return {
         "format": fmt,
+        "encoding": encoding,
         "requests": requests,
         "round_trip_ms": stats(rtt),
         "replay_round_trip_ms": stats(floor),
@@ -376,10 +383,16 @@ def main(argv: list[str] | None = None) -> int:
     # One intra-op thread: the broker and the clients run on the same machine and need cores.
     parser.add_argument("--bridge-threads", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--phases", default="overhead,replay,load",
-                        help="comma-separated subset of overhead,replay,cached,load")
-    parser.add_argument("--cache", action="store_true",
-                        help="serve with the result cache (needed by the cached phase)")
+    parser.add_argument(
+        "--phases",
+        default="overhead,replay,load",
+        help="comma-separated subset of overhead,replay,cached,load",
+    )
+    parser.add_argument(
+        "--cache",
+        action="store_true",
+        help="serve with the result cache (needed by the cached phase)",
+    )
     args = parser.parse_args(argv)
 
     formats = ["json"] + (["msgpack"] if msgpack_available() else [])
@@ -393,18 +406,28 @@ def main(argv: list[str] | None = None) -> int:
         model = package.resolve().name
         with (
             mosquitto(Path(tmp)) as broker,
-            bridge(package, broker, args.max_queue, args.bridge_threads,
-                   Path(tmp) / "cache" if args.cache else None) as proc,
+            bridge(
+                package,
+                broker,
+                args.max_queue,
+                args.bridge_threads,
+                Path(tmp) / "cache" if args.cache else None,
+            ) as proc,
         ):
             phases = set(args.phases.split(","))
+            with client(broker, "bench-wait") as c:  # until the bridge has subscribed
+                c.request(model, text="warm up", attempt_timeout_s=1.0, retries=120, backoff=1.0)
             results: dict[str, Any] = {
-                "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
-                            "load_average": os.getloadavg()},
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "python": sys.version.split()[0],
+                    "load_average": os.getloadavg(),
+                },
             }
             if "overhead" in phases:
                 results["overhead"] = [
                     phase_overhead(broker, model, args.requests, fmt) for fmt in formats
-                ]
+                ] + [phase_overhead(broker, model, args.requests, "json", "float32-base64")]
             if "replay" in phases:
                 results["store_replay"] = phase_replay(broker, model, args.requests, formats[-1])
             if "cached" in phases:

@@ -24,6 +24,7 @@ __all__ = [
     "FileEntry",
     "Manifest",
     "Task",
+    "check_member_name",
     "file_entries",
     "sha256_file",
 ]
@@ -37,6 +38,42 @@ Task = Literal["embed", "classify", "generate"]
 TASKS: tuple[str, ...] = ("embed", "classify", "generate")
 _CHUNK_BYTES = 1 << 20
 IO = TypeVar("IO")
+
+
+def check_member_name(name: object) -> str:
+    """``name`` when it is a plain relative path inside a package; else ``IntegrityError``.
+
+    A package is untrusted input (it may arrive over the network): a manifest must not name a
+    file outside its folder (absolute, ``..``, a drive letter or backslash, empty parts).
+    """
+    text = name if isinstance(name, str) else ""
+    parts = text.split("/")
+    if (
+        not text
+        or text.startswith("/")
+        or "\\" in text
+        or ":" in text
+        or "\0" in text
+        or any(part in ("", ".", "..") for part in parts)
+    ):
+        raise IntegrityError(
+            f"package file name {name!r} is not a plain relative path inside the package "
+            "(no absolute path, '..', backslash or drive letter); the package is unsafe: "
+            "re-export it"
+        )
+    return text
+
+
+def _named_files(io: Any, early_exit: Any) -> list[object]:
+    """Every file name the manifest points at besides ``files``: graph, tokenizer, segments."""
+    io = io if isinstance(io, dict) else {}
+    names = [io[key] for key in ("graph", "tokenizer") if io.get(key) is not None]
+    names += io.get("graphs") if isinstance(io.get("graphs"), list) else []
+    segments = early_exit.get("segments") if isinstance(early_exit, dict) else None
+    for segment in segments if isinstance(segments, list) else []:
+        if isinstance(segment, dict) and "graph" in segment:
+            names.append(segment["graph"])
+    return names
 
 
 def sha256_file(path: Path) -> str:
@@ -126,6 +163,9 @@ class Manifest:
             )
         if data.get("task") not in TASKS:
             raise ManifestError(f"manifest task {data.get('task')!r} is not one of {TASKS}")
+        listed = data["files"] if isinstance(data.get("files"), dict) else {}
+        for name in [*listed, *_named_files(data.get("io"), data.get("early_exit"))]:
+            check_member_name(name)
         try:
             files = {
                 str(name): FileEntry(sha256=str(e["sha256"]), bytes=int(e["bytes"]))
@@ -154,9 +194,16 @@ class Manifest:
 
     def verify(self, folder: Path) -> None:
         """Check every listed file's size and sha256; raise ``IntegrityError`` on the first
-        difference, before any of them is parsed."""
+        difference, before any of them is parsed. A listed file that resolves outside the
+        folder (through a symlink) is refused too."""
+        root = Path(folder).resolve()
         for name, entry in sorted(self.files.items()):
             path = Path(folder) / name
+            if not path.resolve().is_relative_to(root):
+                raise IntegrityError(
+                    f"package file {name} resolves outside {folder} (a symlink): the package "
+                    "is unsafe; re-export or re-copy it without links"
+                )
             if not path.is_file():
                 raise IntegrityError(f"package file {name} is missing from {folder}; re-export it")
             size = path.stat().st_size

@@ -1,24 +1,39 @@
 """The MQTT bridge: serve edgeinfer models to MQTT devices with request/response and deadlines.
 
-``Bridge`` serves (``edgeinfer serve`` is its command line), ``Client`` asks, ``protocol`` is the
-wire format (pure, no paho). docs/mqtt.md is the contract. Needs the ``mqtt`` extra (paho-mqtt).
+``Bridge`` serves (``edgeinfer serve`` is its command line), ``Client`` asks, ``protocol`` and
+``kinds`` are the wire format (pure, no paho), ``deploy``/``publish`` move signed packages to
+devices. docs/mqtt.md is the contract. Needs the ``mqtt`` extra (paho-mqtt, msgpack,
+cryptography); encoded images need the ``images`` extra (Pillow).
 """
 
 from edgeinfer.bridge.client import Client
 from edgeinfer.bridge.connection import Connection, parse_broker_url
-from edgeinfer.bridge.mqtt import Bridge, BridgeConfig, default_client_id
-from edgeinfer.bridge.protocol import ERROR_CODES, ErrorReply, Request
+from edgeinfer.bridge.deploy import DeployConfig, Deployer
+from edgeinfer.bridge.mqtt import Bridge
+from edgeinfer.bridge.protocol import ERROR_CODES, PROTOCOL_VERSION, ErrorReply, Request
+from edgeinfer.bridge.publish import DeployOutcome, deploy_package, rollback_package
+from edgeinfer.bridge.settings import BridgeConfig, default_client_id
+from edgeinfer.bridge.signing import TrustedKeys, generate_keypair, sign_package
 from edgeinfer.bridge.worker import Worker
 
 __all__ = [
     "ERROR_CODES",
+    "PROTOCOL_VERSION",
     "Bridge",
     "BridgeConfig",
     "Client",
     "Connection",
+    "DeployConfig",
+    "DeployOutcome",
+    "Deployer",
     "ErrorReply",
     "Request",
+    "TrustedKeys",
     "Worker",
     "default_client_id",
+    "deploy_package",
+    "generate_keypair",
     "parse_broker_url",
+    "rollback_package",
+    "sign_package",
 ]

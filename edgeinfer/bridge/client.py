@@ -1,10 +1,9 @@
 """``edgeinfer.bridge.Client``: send requests to a bridge and wait for the replies.
 
-End-to-end delivery rests here: a broker killed with -9 can lose QoS 1 messages it had
-acknowledged but not yet saved, so the client re-sends a request with the **same id** when no
-reply came within ``attempt_timeout_s`` (backing off), and the bridge answers a repeated id from
-its de-duplication store without running the model twice. Each request's future resolves once;
-any further reply to it is counted in ``duplicate_replies`` and dropped.
+A broker killed with -9 can lose QoS 1 messages it had acknowledged, so the client re-sends a
+request with the **same id** when no reply came within ``attempt_timeout_s`` (backing off); the
+bridge answers a repeated id from its de-duplication store without running the model twice.
+Each future resolves once; further replies are counted in ``duplicate_replies`` and dropped.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -52,21 +52,29 @@ class _Pending:
     backoff: float  # each wait is this many times the previous one
     busy_wait_s: float  # wait before re-sending after a `busy` reply (doubles each time)
     attempts: int = 1
+    on_chunk: Callable[[dict[str, Any]], None] | None = None  # a generation's chunks
+    next_chunk: int = 0  # chunks below this number were delivered (repeats are dropped)
 
 
 class Client:
     """A request/response client for ``edgeinfer serve``.
 
     Args:
-        connection: broker, credentials, TLS, protocol and (stable) client id; the client id
-            names the reply topic and the persistent session that keeps replies across drops.
+        connection: broker, credentials, TLS, protocol and a stable client id (its session).
         device_id, topic_prefix: the bridge's topic levels.
         qos: QoS for requests and the reply subscription.
         fmt: ``"json"`` or ``"msgpack"`` (MQTT v5 only: the content type says which).
     """
 
-    def __init__(self, *, connection: Connection, device_id: str, topic_prefix: str = "edgeinfer",
-                 qos: int = 1, fmt: str = "json") -> None:
+    def __init__(
+        self,
+        *,
+        connection: Connection,
+        device_id: str,
+        topic_prefix: str = "edgeinfer",
+        qos: int = 1,
+        fmt: str = "json",
+    ) -> None:
         if fmt not in ("json", "msgpack") or (fmt == "msgpack" and not connection.is_v5):
             raise ConfigError("fmt must be 'json', or 'msgpack' over MQTT v5")
         if qos not in (0, 1):
@@ -91,8 +99,9 @@ class Client:
         self._client.on_connect = self._on_connect
         self._client.on_subscribe = self._on_subscribe
         self._client.on_message = self._on_message
-        self._resender = threading.Thread(target=self._resend_loop, name="edgeinfer-resend",
-                                          daemon=True)
+        self._resender = threading.Thread(
+            target=self._resend_loop, name="edgeinfer-resend", daemon=True
+        )
 
     def connect(self, *, timeout_s: float = 30.0) -> Client:
         """Connect and subscribe to the reply topic.
@@ -115,7 +124,8 @@ class Client:
             if time.monotonic() >= give_up:
                 self.close()
                 raise BrokerUnavailableError(
-                    f"not connected to {self.connection.broker} in {timeout_s} s")
+                    f"not connected to {self.connection.broker} in {timeout_s} s"
+                )
         return self
 
     def close(self) -> None:
@@ -129,7 +139,8 @@ class Client:
         for item in pending.values():
             if not item.future.done():
                 item.future.set_exception(
-                    RequestTimeoutError("client closed before the reply came"))
+                    RequestTimeoutError("client closed before the reply came")
+                )
         self._client.disconnect()
         self._client.loop_stop()
 
@@ -139,7 +150,6 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- requests ------------------------------------------------------------------------------
     def submit(
         self,
         model: str,
@@ -150,6 +160,8 @@ class Client:
         timeout_ms: float | None = None,
         deadline_ms: float | None = None,
         params: dict[str, Any] | None = None,
+        fields: dict[str, Any] | None = None,
+        on_chunk: Callable[[dict[str, Any]], None] | None = None,
         attempt_timeout_s: float = 2.0,
         retries: int = 3,
         backoff: float = 2.0,
@@ -163,36 +175,61 @@ class Client:
             request_id: the id (default: a fresh unique one); re-sends reuse it.
             timeout_ms, deadline_ms: a relative or an absolute (epoch ms) deadline, or neither.
             params: model parameters (``{"truncate": bool}``).
+            fields: other request fields (image, inputs, prompt, ...: docs/mqtt.md).
+            on_chunk: called once with each new chunk of a generation, in order (the future
+                resolves with the final message).
             attempt_timeout_s: wait this long for a reply before re-sending the same id.
             retries: re-sends at most; then the future fails with ``RequestTimeoutError``.
             backoff: each wait is this many times the previous one.
             busy_wait_s: a ``busy`` reply (the bridge's queue was full) is re-sent after this
                 long, doubling each time, using up the same ``retries``; 0 returns it at once.
         """
-        if (text is None) == (texts is None):
-            raise ConfigError("give exactly one of text= or texts=")
+        if (text is None) == (texts is None) and not fields:
+            raise ConfigError("give exactly one of text= or texts=, or the request's fields=")
         if attempt_timeout_s <= 0 or retries < 0 or backoff < 1 or busy_wait_s < 0:
             raise ConfigError(
-                "need attempt_timeout_s > 0, retries >= 0, backoff >= 1, busy_wait_s >= 0")
+                "need attempt_timeout_s > 0, retries >= 0, backoff >= 1, busy_wait_s >= 0"
+            )
         body: dict[str, Any] = {"id": request_id or f"{self._prefix}-{next(self._ids)}"}
-        body.update({"text": text} if text is not None else {"texts": texts})
-        for key, value in (("timeout_ms", timeout_ms), ("deadline_ms", deadline_ms),
-                           ("params", params)):
+        if text is not None or texts is not None:
+            body.update({"text": text} if text is not None else {"texts": texts})
+        body.update(fields or {})
+        for key, value in (
+            ("timeout_ms", timeout_ms),
+            ("deadline_ms", deadline_ms),
+            ("params", params),
+        ):
             if value is not None:
                 body[key] = value
         # Always in the payload too: a bridge on MQTT 3.1.1 never sees the v5 ResponseTopic.
         body["reply_to"] = self.reply_topic
         payload = proto.encode(body, fmt=self.fmt)
         content_type = proto.CONTENT_MSGPACK if self.fmt == "msgpack" else None
-        return self._send(f"{self.base}/{model}/req", payload, body["id"].encode(),
-                          content_type, attempt_timeout_s, retries, backoff, busy_wait_s)
+        return self._send(
+            f"{self.base}/{model}/req",
+            payload,
+            body["id"].encode(),
+            content_type,
+            attempt_timeout_s,
+            retries,
+            backoff,
+            busy_wait_s,
+            on_chunk,
+        )
 
     def request(self, model: str, **kwargs: Any) -> dict[str, Any]:
-        """``submit(...)`` and wait for the reply (``RequestTimeoutError`` after the last try)."""
+        """``submit(...)`` then wait for the reply (``RequestTimeoutError`` after the last try)."""
         return self.submit(model, **kwargs).result()
 
-    def send_raw(self, model: str, payload: bytes, *, content_type: str | None = None,
-                 attempt_timeout_s: float = 5.0, retries: int = 0) -> Future[dict[str, Any]]:
+    def send_raw(
+        self,
+        model: str,
+        payload: bytes,
+        *,
+        content_type: str | None = None,
+        attempt_timeout_s: float = 5.0,
+        retries: int = 0,
+    ) -> Future[dict[str, Any]]:
         """Publish arbitrary bytes as a request (MQTT v5) and get the bridge's reply.
 
         For diagnostics and tests: the reply is matched by a fresh CorrelationData, so even a
@@ -201,17 +238,36 @@ class Client:
         if not self.connection.is_v5:
             raise ConfigError("send_raw needs MQTT v5 (the reply is matched by CorrelationData)")
         correlation = f"raw-{self._prefix}-{next(self._ids)}".encode()
-        return self._send(f"{self.base}/{model}/req", payload, correlation, content_type,
-                          attempt_timeout_s, retries, 1.0, 0.0)
+        topic = f"{self.base}/{model}/req"
+        return self._send(topic, payload, correlation, content_type, attempt_timeout_s, retries,
+                          1.0, 0.0)  # fmt: skip
 
-    def _send(self, topic: str, payload: bytes, correlation: bytes, content_type: str | None,
-              attempt_timeout_s: float, retries: int, backoff: float,
-              busy_wait_s: float) -> Future[dict[str, Any]]:
+    def _send(
+        self,
+        topic: str,
+        payload: bytes,
+        correlation: bytes,
+        content_type: str | None,
+        attempt_timeout_s: float,
+        retries: int,
+        backoff: float,
+        busy_wait_s: float,
+        on_chunk: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Future[dict[str, Any]]:
         future: Future[dict[str, Any]] = Future()
-        item = _Pending(topic, payload, correlation, content_type, future,
-                        next_send=time.monotonic() + attempt_timeout_s,
-                        wait_s=attempt_timeout_s * backoff, resends_left=retries,
-                        backoff=backoff, busy_wait_s=busy_wait_s)
+        item = _Pending(
+            topic,
+            payload,
+            correlation,
+            content_type,
+            future,
+            next_send=time.monotonic() + attempt_timeout_s,
+            wait_s=attempt_timeout_s * backoff,
+            resends_left=retries,
+            backoff=backoff,
+            busy_wait_s=busy_wait_s,
+            on_chunk=on_chunk,
+        )
         with self._lock:
             if self._closed:
                 raise ConfigError("the client is closed")
@@ -257,9 +313,12 @@ class Client:
                     due.append(item)
                 wake = min((i.next_send for i in self._pending.values()), default=now + 1.0)
             for item in expired:
-                item.future.set_exception(RequestTimeoutError(
-                    f"no reply to {item.correlation.decode(errors='replace')!r} "
-                    f"after {item.attempts} attempt(s)"))
+                item.future.set_exception(
+                    RequestTimeoutError(
+                        f"no reply to {item.correlation.decode(errors='replace')!r} "
+                        f"after {item.attempts} attempt(s)"
+                    )
+                )
             for item in due:
                 self.resends += 1
                 log.info("re-sending %r (attempt %d)", item.correlation, item.attempts)
@@ -268,17 +327,28 @@ class Client:
                 if not self._closed:
                     self._lock.wait(max(0.0, min(wake - time.monotonic(), 1.0)))
 
-    # -- paho callbacks --------------------------------------------------------------------------
-    def _on_connect(self, client: PahoClient, userdata: Any, flags: ConnectFlags,
-                    reason: ReasonCode, properties: Properties | None) -> None:
+    def _on_connect(
+        self,
+        client: PahoClient,
+        userdata: Any,
+        flags: ConnectFlags,
+        reason: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
         if reason.is_failure:
             self._refused = str(reason)
             client.disconnect()
             return
         client.subscribe(self.reply_topic, qos=self.qos)
 
-    def _on_subscribe(self, client: PahoClient, userdata: Any, mid: int,
-                      reasons: list[ReasonCode], properties: Properties | None) -> None:
+    def _on_subscribe(
+        self,
+        client: PahoClient,
+        userdata: Any,
+        mid: int,
+        reasons: list[ReasonCode],
+        properties: Properties | None,
+    ) -> None:
         if any(r.is_failure for r in reasons):
             self._refused = f"reply subscription refused: {reasons}"
             return
@@ -294,6 +364,24 @@ class Client:
             return
         correlation = getattr(props, "CorrelationData", None)
         key = bytes(correlation) if correlation else str(reply.get("id", "")).encode()
+        with self._lock:
+            item = self._pending.get(key)
+            if item is None:
+                self.duplicate_replies += 1
+                return
+            if "chunk" in reply:  # a generation streams: not the final message yet
+                number = reply["chunk"]
+                fresh = isinstance(number, int) and number >= item.next_chunk
+                if fresh:
+                    item.next_chunk = number + 1
+                item.next_send = max(item.next_send, time.monotonic() + item.wait_s)
+                deliver = item.on_chunk if fresh else None
+            else:
+                deliver = None
+        if "chunk" in reply:
+            if deliver is not None:
+                deliver(reply)
+            return
         with self._lock:
             item = self._pending.get(key)
             if item is None:

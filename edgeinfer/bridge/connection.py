@@ -31,8 +31,9 @@ def parse_broker_url(url: str) -> tuple[str, int, bool]:
     if parts.scheme not in _SCHEMES or not parts.hostname:
         raise ConfigError(f"broker must be mqtt://HOST:PORT or mqtts://HOST:PORT, got {url!r}")
     if parts.username is not None or parts.password is not None:  # URLs end up in logs
-        raise ConfigError("put credentials in --username/--password (or the environment), "
-                          "not in the broker URL")
+        raise ConfigError(
+            "put credentials in --username/--password (or the environment), not in the broker URL"
+        )
     default_port, tls = _SCHEMES[parts.scheme]
     try:
         port = parts.port or default_port
@@ -109,11 +110,18 @@ def new_paho_client(conn: Connection) -> PahoClient:
         raise MissingDependencyError("paho-mqtt", "mqtt") from exc
     _, _, tls = parse_broker_url(conn.broker)
     if conn.is_v5:
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=conn.client_id,
-                             protocol=MQTTProtocolVersion.MQTTv5)
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=conn.client_id,
+            protocol=MQTTProtocolVersion.MQTTv5,
+        )
     else:
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=conn.client_id,
-                             protocol=MQTTProtocolVersion.MQTTv311, clean_session=False)
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=conn.client_id,
+            protocol=MQTTProtocolVersion.MQTTv311,
+            clean_session=False,
+        )
     if conn.username is not None:
         client.username_pw_set(conn.username, conn.password)
     if tls or conn.tls_ca is not None:
@@ -139,7 +147,8 @@ def connect_async(client: PahoClient, conn: Connection) -> None:
     if conn.is_v5:
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = conn.session_expiry_s
-        client.connect_async(host, port, keepalive=conn.keepalive_s, clean_start=False,
-                             properties=props)
+        client.connect_async(
+            host, port, keepalive=conn.keepalive_s, clean_start=False, properties=props
+        )
     else:
         client.connect_async(host, port, keepalive=conn.keepalive_s)

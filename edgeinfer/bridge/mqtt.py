@@ -2,11 +2,15 @@
 
 paho's network thread runs ``_on_message``, which only decodes and calls ``Worker.submit`` (cheap);
 models run on the worker's threads. Subscriptions are made in ``_on_connect`` so that they come
-back after every reconnect; the retained status topic says ``online``, and the Last Will makes it
-``offline`` when the bridge vanishes. Topics (``P`` = topic prefix, ``D`` = device id)::
+back after every reconnect; the retained status topic says ``online`` with each served model's
+package digest and signer, and the Last Will makes it ``offline`` when the bridge vanishes.
+Topics (``P``: topic prefix, ``D``: device id)::
 
     P/D/MODEL/req      requests (via $share/GROUP/P/D/+/req when scaled out)
-    P/D/status         retained online/offline (P/D/status/CLIENT_ID in a shared group)
+    P/D/status         retained JSON {"state": online|offline, "models": {...}}
+                       (P/D/status/CLIENT_ID in a shared group)
+    P/D/deploy/req     deploy messages (deploy.py), with a deploy folder and trusted keys
+    P/D/deploy/status  retained JSON: the last deploy step's outcome
     P/D/metrics        periodic JSON statistics
     P/D/errors         error replies for requests that named no reply topic
 """
@@ -15,14 +19,18 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer.bridge import protocol as proto
-from edgeinfer.bridge.connection import Connection, connect_async, new_paho_client
+from edgeinfer.bridge.connection import connect_async, new_paho_client
+from edgeinfer.bridge.deploy import DeployConfig, Deployer
+from edgeinfer.bridge.serving import ModelTable, StreamTable
+from edgeinfer.bridge.settings import TOPIC_LEVEL_BAD, BridgeConfig, default_client_id
 from edgeinfer.bridge.worker import Outgoing, ServedModel, Worker, epoch_ms
 from edgeinfer.errors import BrokerAuthError, BrokerUnavailableError, ConfigError
 
@@ -35,80 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["Bridge", "BridgeConfig", "default_client_id"]
 
 log = logging.getLogger(__name__)
-
-_TOPIC_LEVEL_BAD = set("/+#\0")
-
-
-def default_client_id(device_id: str, shared_group: str | None = None) -> str:
-    """A stable client id: the same bridge on the same host gets its persistent session back."""
-    parts = ["edgeinfer", device_id]
-    if shared_group:  # several bridges share the device id: the host tells them apart
-        parts += [shared_group, socket.gethostname()]
-    return "-".join(parts)[:128]
-
-
-@dataclass(frozen=True)
-class BridgeConfig:
-    """How the bridge serves.
-
-    Args:
-        connection: broker, credentials, TLS, protocol, client id and session settings.
-        device_id: the device's topic level.
-        topic_prefix: the first topic level.
-        shared_group: subscribe through ``$share/GROUP/...`` so bridges in a group split requests.
-        qos: QoS of the request subscription and of the replies; 1 (at least once, with the
-            de-duplication store making it answer-once) is the default.
-        max_queue: requests waiting at most; one more is answered ``busy`` at once.
-        max_payload_bytes: bigger requests get ``payload_too_large`` unparsed; 256 KiB holds 64
-            texts of a full 512-token window with room to spare.
-        dedup_size: recent replies kept to answer repeated ids without running the model.
-        worker_threads: threads running models (1: a request at a time, every core each).
-        metrics_interval_s: seconds between metrics messages; 0 turns them off.
-    """
-
-    connection: Connection
-    device_id: str
-    topic_prefix: str = "edgeinfer"
-    shared_group: str | None = None
-    qos: int = 1
-    max_queue: int = 64
-    max_payload_bytes: int = 256 * 1024
-    dedup_size: int = 4096
-    worker_threads: int = 1
-    metrics_interval_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        for name, level in (("device_id", self.device_id), ("topic_prefix", self.topic_prefix),
-                            ("shared_group", self.shared_group or "x")):
-            if not level or _TOPIC_LEVEL_BAD & set(level):
-                raise ConfigError(f"{name} must be a non-empty topic level without / + # NUL")
-        if self.qos not in (0, 1):
-            raise ConfigError(f"qos must be 0 or 1, got {self.qos}")
-        if self.max_payload_bytes < 64:
-            raise ConfigError("max_payload_bytes must be >= 64")
-        if self.metrics_interval_s < 0:
-            raise ConfigError("metrics_interval_s must be >= 0")
-
-    @property
-    def base(self) -> str:
-        """``PREFIX/DEVICE``."""
-        return f"{self.topic_prefix}/{self.device_id}"
-
-    def request_topic(self, model: str) -> str:
-        """Where clients publish requests for ``model``."""
-        return f"{self.base}/{model}/req"
-
-    @property
-    def subscription(self) -> str:
-        """The bridge's one subscription (every model; unknown ones get ``unknown_model``)."""
-        topic = f"{self.base}/+/req"
-        return f"$share/{self.shared_group}/{topic}" if self.shared_group else topic
-
-    @property
-    def status_topic(self) -> str:
-        """Retained online/offline; per client in a shared group (each bridge has its own)."""
-        own = f"/{self.connection.client_id}" if self.shared_group else ""
-        return f"{self.base}/status{own}"
 
 
 @dataclass
@@ -125,28 +59,68 @@ class Bridge:
     Args:
         models: model name (its topic level) -> a loaded model.
         config: the bridge settings.
+        deploy: take signed packages over MQTT (``deploy.py``); ``None``: no deploys.
+        origins: the package folder each model was loaded from (``rollback`` goes back to it
+            after a first deploy; its signature, when trusted, names the signer in the status).
+        clock_ms: epoch-ms clock of the deadlines (tests pass a fake one).
     """
 
-    def __init__(self, models: Mapping[str, ServedModel], *, config: BridgeConfig) -> None:
+    def __init__(
+        self,
+        models: Mapping[str, ServedModel],
+        *,
+        config: BridgeConfig,
+        deploy: DeployConfig | None = None,
+        origins: Mapping[str, Path] | None = None,
+        clock_ms: Callable[[], float] = epoch_ms,
+    ) -> None:
         if not models:
             raise ConfigError("the bridge needs at least one model")
         for name in models:
-            if not name or _TOPIC_LEVEL_BAD & set(name):
+            if not name or TOPIC_LEVEL_BAD & set(name):
                 raise ConfigError(f"model name {name!r} is not a valid topic level")
+        if deploy is not None and (config.shared_group or "deploy" in models):
+            raise ConfigError(
+                "deploys go to one bridge: not with a shared group, and no model named 'deploy'"
+            )
         self.config = config
         self._state = _State()
         self._stop = threading.Event()
-        self.worker = Worker(models, send=self._send, max_queue=config.max_queue,
-                             dedup_size=config.dedup_size, threads=config.worker_threads)
+        self._clock = clock_ms
+        self.models = ModelTable(models)
+        self.worker = Worker(
+            self.models,
+            send=self._send,
+            max_queue=config.max_queue,
+            dedup_size=config.dedup_size,
+            threads=config.worker_threads,
+            clock_ms=clock_ms,
+            reply_cache_bytes=config.reply_cache_bytes,
+            max_generate_queue=config.max_generate_queue,
+            streams=StreamTable(max_streams=config.max_streams, idle_s=config.stream_idle_s),
+        )
+        self.deployer = (
+            None
+            if deploy is None
+            else Deployer(
+                deploy,
+                models=self.models,
+                origins=origins or {},
+                publish=self._publish_deploy_status,
+                on_swap=self._publish_status,
+            )
+        )
         self._client: PahoClient = new_paho_client(config.connection)
-        self._client.will_set(config.status_topic, b"offline", qos=1, retain=True)
+        offline = json.dumps({"state": "offline", "client_id": config.connection.client_id})
+        self._client.will_set(config.status_topic, offline.encode(), qos=1, retain=True)
         self._client.max_inflight_messages_set(max(20, config.max_queue))
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_subscribe = self._on_subscribe
         self._client.on_message = self._on_message
-        self._metrics = threading.Thread(target=self._metrics_loop, name="edgeinfer-metrics",
-                                         daemon=True)
+        self._metrics = threading.Thread(
+            target=self._metrics_loop, name="edgeinfer-metrics", daemon=True
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self, *, timeout_s: float | None = 30.0) -> Bridge:
@@ -157,6 +131,8 @@ class Bridge:
             BrokerUnavailableError: not subscribed within ``timeout_s`` (a ``TimeoutError`` too).
         """
         self.worker.start()
+        if self.deployer is not None:
+            self.deployer.start()
         connect_async(self._client, self.config.connection)
         self._client.loop_start()
         if self.config.metrics_interval_s > 0:
@@ -172,12 +148,12 @@ class Bridge:
             BrokerAuthError: the broker refused the connection or the subscription.
             BrokerUnavailableError: not subscribed within ``timeout_s``.
         """
-        deadline = epoch_ms() + timeout_s * 1e3
+        deadline = time.monotonic() + timeout_s
         while not self._state.subscribed.wait(0.05):
             if self._state.refused is not None:
                 self.stop()
                 raise BrokerAuthError(f"the broker refused the bridge: {self._state.refused}")
-            if epoch_ms() >= deadline:
+            if time.monotonic() >= deadline:
                 raise BrokerUnavailableError(f"bridge not subscribed within {timeout_s} s")
 
     def stop(self, *, timeout_s: float = 5.0) -> None:
@@ -185,15 +161,22 @@ class Bridge:
         if self._stop.is_set():
             return
         self._stop.set()
+        if self.deployer is not None:
+            self.deployer.stop()
         self.worker.stop(timeout_s=timeout_s)
         if self._state.connected.is_set():
-            info = self._client.publish(self.config.status_topic, b"offline", qos=1, retain=True)
+            offline = {"state": "offline", "client_id": self.config.connection.client_id}
+            info = self._client.publish(
+                self.config.status_topic, json.dumps(offline).encode(), qos=1, retain=True
+            )
             try:
                 info.wait_for_publish(timeout_s)
             except (RuntimeError, ValueError):  # the link dropped meanwhile: the Will says it
                 log.warning("could not publish the offline status; the Last Will will")
         self._client.disconnect()
         self._client.loop_stop()
+        if self._metrics.is_alive():
+            self._metrics.join()
 
     def __enter__(self) -> Bridge:
         return self.start()
@@ -216,9 +199,31 @@ class Bridge:
         """Successful connections so far (more than 1 means it reconnected)."""
         return self._state.connects
 
+    def status(self) -> dict[str, Any]:
+        """The retained status: ``online`` and each served model's digest and signer."""
+        if self.deployer is not None:
+            models = self.deployer.served()
+        else:
+            models = {
+                name: {"digest": str(m.manifest.digest), "task": m.task, "signer": None}
+                for name, m in self.models.items()
+            }
+        return {
+            "v": proto.PROTOCOL_VERSION,
+            "state": "online",
+            "client_id": self.config.connection.client_id,
+            "models": models,
+        }
+
     # -- paho callbacks (network thread: no model work here) ----------------------------------
-    def _on_connect(self, client: PahoClient, userdata: Any, flags: ConnectFlags,
-                    reason: ReasonCode, properties: Properties | None) -> None:
+    def _on_connect(
+        self,
+        client: PahoClient,
+        userdata: Any,
+        flags: ConnectFlags,
+        reason: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
         if reason.is_failure:
             self._state.refused = str(reason)
             log.error("broker refused the connection: %s", reason)
@@ -226,28 +231,47 @@ class Bridge:
             return
         self._state.connects += 1
         self._state.connected.set()
-        log.info("connected to %s (session present: %s)", self.config.connection.broker,
-                 flags.session_present)
+        log.info(
+            "connected to %s (session present: %s)",
+            self.config.connection.broker,
+            flags.session_present,
+        )
+        # P/D/+/req covers P/D/deploy/req too: one subscription, so each message comes once.
         client.subscribe(self.config.subscription, qos=self.config.qos)
-        client.publish(self.config.status_topic, b"online", qos=1, retain=True)
+        self._publish_status()
 
-    def _on_subscribe(self, client: PahoClient, userdata: Any, mid: int,
-                      reasons: list[ReasonCode], properties: Properties | None) -> None:
+    def _on_subscribe(
+        self,
+        client: PahoClient,
+        userdata: Any,
+        mid: int,
+        reasons: list[ReasonCode],
+        properties: Properties | None,
+    ) -> None:
         if any(r.is_failure for r in reasons):
             log.error("subscription to %s refused: %s", self.config.subscription, reasons)
             self._state.refused = f"subscription refused: {reasons}"
             return
         self._state.subscribed.set()
 
-    def _on_disconnect(self, client: PahoClient, userdata: Any, flags: DisconnectFlags,
-                       reason: ReasonCode, properties: Properties | None) -> None:
+    def _on_disconnect(
+        self,
+        client: PahoClient,
+        userdata: Any,
+        flags: DisconnectFlags,
+        reason: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
         self._state.connected.clear()
         if not self._stop.is_set():
             log.warning("disconnected (%s); reconnecting with backoff", reason)
 
     def _on_message(self, client: PahoClient, userdata: Any, message: MQTTMessage) -> None:
-        received_ms = epoch_ms()
+        received_ms = self._clock()
         levels = message.topic.split("/")
+        if self.deployer is not None and levels[-2:] == ["deploy", "req"]:
+            self.deployer.handle(bytes(message.payload))
+            return
         props = getattr(message, "properties", None)
         response_topic = getattr(props, "ResponseTopic", None) or None
         correlation = getattr(props, "CorrelationData", None)
@@ -278,10 +302,22 @@ class Bridge:
         # Disconnected: paho keeps QoS 1 messages and sends them after the reconnect.
         self._client.publish(topic, out.payload, qos=self.config.qos, properties=props)
 
+    def _publish_status(self) -> None:
+        payload = json.dumps(self.status()).encode()
+        self._client.publish(self.config.status_topic, payload, qos=1, retain=True)
+
+    def _publish_deploy_status(self, status: dict[str, Any]) -> None:
+        payload = json.dumps({**status, "ts_ms": epoch_ms()}).encode()
+        self._client.publish(f"{self.config.base}/deploy/status", payload, qos=1, retain=True)
+
     def _metrics_loop(self) -> None:
         while not self._stop.wait(self.config.metrics_interval_s):
             snapshot = self.worker.snapshot()
-            snapshot.update(client_id=self.config.connection.client_id, ts_ms=epoch_ms(),
-                            models=sorted(self.worker.models))
-            self._client.publish(f"{self.config.base}/metrics",
-                                 json.dumps(snapshot).encode(), qos=0)
+            snapshot.update(
+                client_id=self.config.connection.client_id,
+                ts_ms=epoch_ms(),
+                models=self.models.names(),
+            )
+            self._client.publish(
+                f"{self.config.base}/metrics", json.dumps(snapshot).encode(), qos=0
+            )

@@ -1,17 +1,20 @@
 """The bridge's wire protocol: request/reply encode and decode. Pure: no paho, no model, no clock.
 
-A request is a JSON object (or MsgPack, when the MQTT v5 content type says so)::
+A request is a JSON object (or MsgPack, when the MQTT v5 content type says so) with an ``id``,
+an optional protocol version ``v`` (default 1), an optional ``kind`` (else implied by its
+fields: ``text``/``texts``, ``image``/``images``, ``inputs``, ``prompt``/``messages``,
+``cancel``; see ``kinds.py``), an optional deadline and, on MQTT 3.1.1, a ``reply_to``::
 
-    {"id": "r-17", "text": "..."}                      one input
-    {"id": "r-18", "texts": ["...", "..."],            several inputs
-     "params": {"truncate": true},
-     "timeout_ms": 50}                                  or "deadline_ms": <absolute epoch ms>
-    {"id": "r-19", "text": "...", "reply_to": "t/x"}   MQTT 3.1.1: where to send the reply
+    {"id": "r-17", "text": "..."}                            text (embed, classify)
+    {"id": "r-18", "image": {"format": "jpeg", "data": ...}}  image classifiers
+    {"id": "r-19", "inputs": {"x": {dtype, shape, data}}, "stream": "mic-1"}   raw packages
+    {"id": "r-20", "prompt": "...", "max_new_tokens": 64}    generate (streamed chunks)
+    {"id": "r-21", "cancel": "r-20"}                         stop a generation
 
-A reply carries ``id``, ``ok``, ``model``, ``precision``, ``result``, ``cached``, ``exit_layer``,
-``queue_ms``, ``compute_ms``, ``slack_ms``, or ``error: {code, message}``. docs/mqtt.md is the
-full contract. ``decode_request`` never raises on bad bytes: it returns an ``ErrorReply`` that the
-bridge sends back, so malformed input costs one reply and nothing else.
+A reply carries ``v``, ``id``, ``ok``, ``model``, ``precision``, ``result``, ``cached``,
+``exit_layer``, ``queue_ms``, ``compute_ms``, ``slack_ms``, or ``error: {code, message}``.
+docs/mqtt.md is the full contract. ``decode_request`` never raises on bad bytes: it returns an
+``ErrorReply`` that the bridge sends back, so malformed input costs one reply and nothing else.
 """
 
 from __future__ import annotations
@@ -19,40 +22,59 @@ from __future__ import annotations
 import importlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
+
+from edgeinfer.bridge import kinds
+from edgeinfer.bridge.arrays import ENCODINGS, SHORTEST
 
 __all__ = [
     "BAD_REQUEST",
     "BUSY",
+    "CANCELLED",
     "CONTENT_JSON",
     "CONTENT_MSGPACK",
     "DEADLINE_EXCEEDED",
     "ERROR_CODES",
     "INTERNAL",
     "MAX_ID_CHARS",
-    "MAX_TEXTS",
     "PAYLOAD_TOO_LARGE",
+    "PROTOCOL_VERSION",
     "UNKNOWN_MODEL",
+    "WRONG_KIND",
+    "Body",
     "ErrorReply",
     "Request",
     "decode_reply",
     "decode_request",
     "encode",
+    "encode_reply",
     "error_reply",
     "msgpack_available",
+    "packb",
     "wire_format",
 ]
 
+# Requests may say ``"v": 1``; a newer version is refused rather than half understood.
+PROTOCOL_VERSION: Final = 1
 BAD_REQUEST: Final = "bad_request"
 PAYLOAD_TOO_LARGE: Final = "payload_too_large"
 UNKNOWN_MODEL: Final = "unknown_model"
+WRONG_KIND: Final = "wrong_kind"
 DEADLINE_EXCEEDED: Final = "deadline_exceeded"
 BUSY: Final = "busy"
+CANCELLED: Final = "cancelled"
 INTERNAL: Final = "internal"
 ERROR_CODES: Final = (
-    BAD_REQUEST, PAYLOAD_TOO_LARGE, UNKNOWN_MODEL, DEADLINE_EXCEEDED, BUSY, INTERNAL,
+    BAD_REQUEST,
+    PAYLOAD_TOO_LARGE,
+    UNKNOWN_MODEL,
+    WRONG_KIND,
+    DEADLINE_EXCEEDED,
+    BUSY,
+    CANCELLED,
+    INTERNAL,
 )
 
 CONTENT_JSON: Final = "application/json"
@@ -62,14 +84,16 @@ _MSGPACK_TYPES: Final = frozenset(
 )
 # Ids are echoed and kept in the de-duplication store; a bound keeps that store's memory bounded.
 MAX_ID_CHARS: Final = 200
-# Texts per request: one request must not hold the worker for long (split bigger jobs).
-MAX_TEXTS: Final = 64
-_KNOWN_PARAMS: Final = frozenset({"truncate"})
 
 
 def _msgpack() -> Any:
     """The optional ``msgpack`` module (untyped, so imported as ``Any``)."""
     return importlib.import_module("msgpack")
+
+
+def packb(value: Any, *, single_float: bool = False) -> bytes:
+    """``value`` as MsgPack bytes; ``single_float`` packs floats as float32 (model outputs)."""
+    return bytes(_msgpack().packb(value, use_bin_type=True, use_single_float=single_float))
 
 
 def msgpack_available() -> bool:
@@ -90,29 +114,36 @@ def wire_format(content_type: str | None) -> str:
 
 @dataclass(frozen=True)
 class Request:
-    """One decoded inference request.
+    """One decoded request.
 
     Attributes:
         id: the caller's request id (the de-duplication key, echoed in the reply).
         model: the model name from the topic.
-        texts: the inputs, at least one.
-        truncate: cut texts longer than the model's window (else they are a ``bad_request``).
+        kind: ``text``, ``image``, ``tensor``, ``generate`` or ``cancel``.
+        input: the kind's input (``kinds.TextInput``, ...).
         deadline_ms: absolute epoch ms after which the answer is useless; ``None``: no deadline.
         reply_to: the topic for the reply (v5 ResponseTopic, or the payload's ``reply_to``).
         correlation: v5 CorrelationData to echo, or ``None``.
         fmt: ``"json"`` or ``"msgpack"``: the reply is written in the request's format.
         received_ms: epoch ms when the bridge received it.
+        encoding: how float vectors are written: ``shortest`` or ``float32-base64``.
     """
 
     id: str
     model: str
-    texts: tuple[str, ...]
-    truncate: bool = True
+    kind: str
+    input: kinds.Input
     deadline_ms: float | None = None
     reply_to: str | None = None
     correlation: bytes | None = None
     fmt: str = "json"
     received_ms: float = 0.0
+    encoding: str = SHORTEST
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """The de-duplication key: ``(model, id)``."""
+        return (self.model, self.id)
 
 
 @dataclass(frozen=True)
@@ -136,16 +167,69 @@ class ErrorReply:
 def error_reply(
     request_id: str | None, code: str, message: str, *, model: str | None = None, **extra: Any
 ) -> dict[str, Any]:
-    """An error reply payload: ``{"id", "ok": false, "model", "error": {"code", "message"}}``."""
-    return {"id": request_id, "ok": False, "model": model,
-            "error": {"code": code, "message": message}, **extra}
+    """An error reply payload: ``{"v", "id", "ok": false, "model", "error": {code, message}}``."""
+    return {
+        "v": PROTOCOL_VERSION,
+        "id": request_id,
+        "ok": False,
+        "model": model,
+        "error": {"code": code, "message": message},
+        **extra,
+    }
 
 
 def encode(payload: Mapping[str, Any], *, fmt: str = "json") -> bytes:
     """Encode a reply (or a request, on the client side) as JSON or MsgPack bytes."""
     if fmt == "msgpack":
-        return bytes(_msgpack().packb(dict(payload), use_bin_type=True))
+        return packb(dict(payload))
     return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+
+
+class Body:
+    """A reply's ``result``, encoded at most once per wire format and spliced into replies.
+
+    ``encoder(fmt)`` writes the result when the caller does it faster than ``json``/``msgpack``
+    would on ``value`` (float vectors: ``arrays.vectors_json``). A repeated id or a cache hit
+    reuses the encoded bytes.
+    """
+
+    __slots__ = ("_encoded", "_encoder", "value")
+
+    def __init__(self, value: Any = None, *, encoder: Callable[[str], bytes] | None = None) -> None:
+        self.value = value
+        self._encoder = encoder
+        self._encoded: dict[str, bytes] = {}
+
+    def encoded(self, fmt: str) -> bytes:
+        """The result's bytes in ``fmt`` (a race may encode it twice; both are equal)."""
+        data = self._encoded.get(fmt)
+        if data is None:
+            if self._encoder is not None:
+                data = self._encoder(fmt)
+            elif fmt == "msgpack":
+                data = packb(self.value)
+            else:
+                data = json.dumps(self.value, separators=(",", ":"), allow_nan=False).encode()
+            self._encoded[fmt] = data
+        return data
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the encodings so far (for the reply cache's bound)."""
+        return sum(len(b) for b in self._encoded.values()) or len(self.encoded("json"))
+
+
+def encode_reply(head: Mapping[str, Any], body: Body, *, fmt: str) -> bytes:
+    """A reply: the small ``head`` fields encoded now, then ``"result"`` spliced in."""
+    if fmt == "msgpack":
+        packer = _msgpack().Packer(use_bin_type=True)
+        parts = [packer.pack_map_header(len(head) + 1)]
+        for key, value in head.items():
+            parts += [packer.pack(key), packer.pack(value)]
+        parts += [packer.pack("result"), body.encoded("msgpack")]
+        return b"".join(parts)
+    text = json.dumps(head, separators=(",", ":"), allow_nan=False).encode()
+    return text[:-1] + b',"result":' + body.encoded("json") + b"}"
 
 
 def _loads(payload: bytes, fmt: str) -> Any:
@@ -177,20 +261,6 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _texts(data: Mapping[str, Any]) -> tuple[str, ...] | str:
-    """The request's inputs, or the reason they are invalid."""
-    if ("text" in data) == ("texts" in data):
-        return "give exactly one of 'text' (a string) or 'texts' (a list of strings)"
-    raw = [data["text"]] if "text" in data else data["texts"]
-    if not isinstance(raw, list) or not raw:
-        return "'texts' must be a non-empty list of strings"
-    if len(raw) > MAX_TEXTS:
-        return f"at most {MAX_TEXTS} texts per request, got {len(raw)}"
-    if not all(isinstance(t, str) and t.strip() for t in raw):
-        return "every text must be a non-empty string"
-    return tuple(raw)
-
-
 def _deadline(data: Mapping[str, Any], received_ms: float) -> float | str | None:
     """The absolute deadline in epoch ms, ``None`` for none, or the reason it is invalid."""
     if "deadline_ms" in data and "timeout_ms" in data:
@@ -204,6 +274,29 @@ def _deadline(data: Mapping[str, Any], received_ms: float) -> float | str | None
             return "'timeout_ms' must be a positive number"
         return received_ms + timeout
     return None
+
+
+def _envelope(data: Mapping[str, Any]) -> tuple[str, str] | str:
+    """(kind, encoding) of a request object, or the reason they are invalid."""
+    version = data.get("v", PROTOCOL_VERSION)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        return "'v' must be a protocol version (an integer >= 1)"
+    if version > PROTOCOL_VERSION:
+        return (
+            f"protocol version {version} is newer than this bridge's ({PROTOCOL_VERSION}); "
+            "upgrade the bridge or send v1"
+        )
+    kind = kinds.infer_kind(data)
+    if kind is None:
+        return (
+            f"say which kind of request this is: 'kind' in {list(kinds.KINDS)}, or exactly "
+            "one of 'text'/'texts', 'image'/'images', 'inputs', 'prompt'/'messages', "
+            "'cancel'"
+        )
+    encoding = data.get("encoding", SHORTEST)
+    if encoding not in ENCODINGS:
+        return f"'encoding' must be one of {list(ENCODINGS)}"
+    return kind, encoding
 
 
 def decode_request(
@@ -231,8 +324,9 @@ def decode_request(
         a ``Request``, or an ``ErrorReply`` carrying the best-known id and reply topic.
     """
     fmt = wire_format(content_type)
-    base = ErrorReply(BAD_REQUEST, "", model=model, reply_to=response_topic,
-                      correlation=correlation, fmt=fmt)
+    base = ErrorReply(
+        BAD_REQUEST, "", model=model, reply_to=response_topic, correlation=correlation, fmt=fmt
+    )
 
     def fail(code: str, message: str, **known: Any) -> ErrorReply:
         return replace(base, code=code, message=message, **known)
@@ -240,8 +334,9 @@ def decode_request(
     if fmt == "msgpack" and not msgpack_available():
         return fail(BAD_REQUEST, "MsgPack is not installed on this bridge; send JSON", fmt="json")
     if len(payload) > max_payload_bytes:
-        return fail(PAYLOAD_TOO_LARGE,
-                    f"payload is {len(payload)} bytes; the limit is {max_payload_bytes}")
+        return fail(
+            PAYLOAD_TOO_LARGE, f"payload is {len(payload)} bytes; the limit is {max_payload_bytes}"
+        )
     try:
         data = _loads(payload, fmt)
     except ValueError as exc:
@@ -257,24 +352,30 @@ def decode_request(
     request_id = raw_id if isinstance(raw_id, str) and 0 < len(raw_id) <= MAX_ID_CHARS else None
     known: dict[str, Any] = {"id": request_id, "reply_to": reply_to}
     if request_id is None:
-        return fail(BAD_REQUEST, f"'id' must be a string of 1..{MAX_ID_CHARS} characters",
-                    reply_to=reply_to)
-    texts = _texts(data)
-    if isinstance(texts, str):
-        return fail(BAD_REQUEST, texts, **known)
-    params = data.get("params", {})
-    if not isinstance(params, dict) or not set(params) <= _KNOWN_PARAMS:
-        return fail(BAD_REQUEST, f"'params' must be an object with keys in {sorted(_KNOWN_PARAMS)}",
-                    **known)
-    truncate = params.get("truncate", True)
-    if not isinstance(truncate, bool):
-        return fail(BAD_REQUEST, "'params.truncate' must be true or false", **known)
+        return fail(
+            BAD_REQUEST, f"'id' must be a string of 1..{MAX_ID_CHARS} characters", reply_to=reply_to
+        )
+    envelope = _envelope(data)
+    if isinstance(envelope, str):
+        return fail(BAD_REQUEST, envelope, **known)
+    kind, encoding = envelope
+    parsed = kinds.parse_input(kind, data)
+    if isinstance(parsed, str):
+        return fail(BAD_REQUEST, parsed, **known)
     deadline = _deadline(data, received_ms)
     if isinstance(deadline, str):
         return fail(BAD_REQUEST, deadline, **known)
     if reply_to is None:
-        return fail(BAD_REQUEST, "no reply topic: set the v5 ResponseTopic or 'reply_to'",
-                    **known)
-    return Request(id=request_id, model=model, texts=texts, truncate=truncate,
-                   deadline_ms=deadline, reply_to=reply_to, correlation=correlation, fmt=fmt,
-                   received_ms=received_ms)
+        return fail(BAD_REQUEST, "no reply topic: set the v5 ResponseTopic or 'reply_to'", **known)
+    return Request(
+        id=request_id,
+        model=model,
+        kind=kind,
+        input=parsed,
+        deadline_ms=deadline,
+        reply_to=reply_to,
+        correlation=correlation,
+        fmt=fmt,
+        received_ms=received_ms,
+        encoding=encoding,
+    )

@@ -16,11 +16,13 @@ from edgeinfer.cli import (
     bench_cmd,
     cache_cmd,
     classify_cmd,
+    deploy_cmd,
     export_cmd,
     generate_cmd,
     inspect_cmd,
     request_cmd,
     serve_cmd,
+    sign_cmd,
 )
 from edgeinfer.cli.common import run_guarded
 
@@ -52,6 +54,10 @@ app.command("classify")(classify_cmd.classify)
 app.command("serve")(serve_cmd.serve)
 app.command("request")(request_cmd.request)
 app.command("bench")(bench_cmd.bench)
+app.command("keygen")(sign_cmd.keygen)
+app.command("sign")(sign_cmd.sign)
+app.command("deploy")(deploy_cmd.deploy)
+app.command("rollback")(deploy_cmd.rollback)
 app.add_typer(cache_cmd.app, name="cache")
 
 

@@ -1,9 +1,10 @@
 """``edgeinfer request --broker mqtt://HOST:PORT MODEL '{json}'``: one request to a bridge.
 
-For devices and scripts: send one request to ``edgeinfer serve`` over MQTT, wait for its reply,
-print the reply as JSON on stdout. Exit 0 when the reply says ``ok: true``, 1 on an error reply
-(``busy``, ``deadline_exceeded``, ``bad_request``, ...), 2 on a usage, connection or
-authentication problem, or when no reply came after every re-send (``request_timeout``).
+For devices and scripts: send one request (any kind: docs/mqtt.md) to ``edgeinfer serve`` over
+MQTT, wait for its reply, print the reply as JSON on stdout (a generation's chunks go to stderr
+as they come). Exit 0 when the reply says ``ok: true``, 1 on an error reply (``busy``,
+``deadline_exceeded``, ``bad_request``, ...), 2 on a usage, connection or authentication
+problem, or when no reply came after every re-send (``request_timeout``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ __all__ = ["request"]
 
 # The request fields a caller may put in the JSON argument (``reply_to`` is the client's own).
 _FIELDS = ("id", "text", "texts", "params", "timeout_ms", "deadline_ms")
+# Fields of the other request kinds (docs/mqtt.md), passed through as they are.
+_KIND_FIELDS = (
+    "v", "kind", "encoding", "image", "images", "inputs", "stream", "prompt", "messages",
+    "max_new_tokens", "sampling", "stop", "first_token_timeout_ms", "cancel",
+)  # fmt: skip
 
 
 def _parse_body(body: str) -> dict[str, Any]:
@@ -34,9 +40,10 @@ def _parse_body(body: str) -> dict[str, Any]:
         raise ConfigError(f"the request is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError('the request must be a JSON object, e.g. \'{"text": "..."}\'')
-    unknown = sorted(set(data) - set(_FIELDS))
+    unknown = sorted(set(data) - set(_FIELDS) - set(_KIND_FIELDS))
     if unknown:
-        raise ConfigError(f"unknown request field(s) {unknown}; allowed: {list(_FIELDS)}")
+        allowed = [*_FIELDS, *_KIND_FIELDS]
+        raise ConfigError(f"unknown request field(s) {unknown}; allowed: {allowed}")
     if data.get("id") is not None and not isinstance(data["id"], str):
         raise ConfigError("'id' must be a string")
     return data
@@ -116,6 +123,8 @@ def request(
             timeout_ms=data.get("timeout_ms"),
             deadline_ms=data.get("deadline_ms"),
             params=data.get("params"),
+            fields={k: v for k, v in data.items() if k in _KIND_FIELDS} or None,
+            on_chunk=lambda chunk: typer.echo(str(chunk.get("text", "")), err=True, nl=False),
             attempt_timeout_s=timeout_s,
             retries=retries,
             backoff=backoff,

@@ -51,8 +51,11 @@ def serve(
     ] = None,
     password: Annotated[
         str | None,
-        typer.Option(envvar="EDGEINFER_MQTT_PASSWORD", show_default=False,
-                     help="broker password (prefer the environment variable)"),
+        typer.Option(
+            envvar="EDGEINFER_MQTT_PASSWORD",
+            show_default=False,
+            help="broker password (prefer the environment variable)",
+        ),
     ] = None,
     tls_ca: Annotated[Path | None, typer.Option(help="CA file that signed the broker")] = None,
     tls_cert: Annotated[Path | None, typer.Option(help="client certificate")] = None,
@@ -67,6 +70,24 @@ def serve(
     cache_dir: Annotated[
         Path | None, typer.Option(help="where the persistent cache lives (default: per user)")
     ] = None,
+    reply_cache_mb: Annotated[
+        int | None,
+        typer.Option(
+            help="answer repeated inputs from memory without the worker (default: "
+            "64 with --cache, else 0)"
+        ),
+    ] = None,
+    max_generate_queue: Annotated[
+        int, typer.Option(help="generations waiting per generate model; more get 'busy'")
+    ] = 4,
+    deploy_dir: Annotated[
+        Path | None,
+        typer.Option(help="take signed packages over MQTT (edgeinfer deploy); kept here"),
+    ] = None,
+    trusted_key: Annotated[
+        list[Path] | None,
+        typer.Option(help="public key (edgeinfer keygen's .pub) whose deploys are accepted"),
+    ] = None,
 ) -> None:
     """Serve model packages to MQTT devices: request/response with deadlines."""
     import edgeinfer
@@ -75,14 +96,26 @@ def serve(
 
     device = device_id or socket.gethostname().split(".")[0]
     connection = Connection(
-        broker=broker, client_id=client_id or default_client_id(device, shared_group),
-        protocol=protocol.value, username=username, password=password,
-        tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+        broker=broker,
+        client_id=client_id or default_client_id(device, shared_group),
+        protocol=protocol.value,
+        username=username,
+        password=password,
+        tls_ca=tls_ca,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
     )
     config = BridgeConfig(
-        connection=connection, device_id=device, topic_prefix=topic_prefix,
-        shared_group=shared_group, qos=qos, max_queue=max_queue,
-        max_payload_bytes=max_payload_bytes, metrics_interval_s=metrics_interval_s,
+        connection=connection,
+        device_id=device,
+        topic_prefix=topic_prefix,
+        shared_group=shared_group,
+        qos=qos,
+        max_queue=max_queue,
+        max_payload_bytes=max_payload_bytes,
+        metrics_interval_s=metrics_interval_s,
+        reply_cache_bytes=(reply_cache_mb if reply_cache_mb is not None else 64 * cache) << 20,
+        max_generate_queue=max_generate_queue,
     )
     names = [p.resolve().name for p in packages]
     if len(set(names)) != len(names):
@@ -90,25 +123,42 @@ def serve(
     # Several spinning sessions in one process fight for the cores: spin only with one model.
     runtime = edgeinfer.RuntimeConfig(spin_wait=len(packages) == 1)
     cache_config = edgeinfer.CacheConfig(directory=cache_dir) if cache else None
-    models: dict[str, Any] = {
-        name: edgeinfer.load(path, threads=threads, config=runtime, cache=cache_config)
-        for name, path in zip(names, packages, strict=True)
-    }
+
+    def load(path: Path) -> Any:
+        task = edgeinfer.Manifest.read(path).task
+        cached = cache_config if task in ("embed", "classify") else None  # text answers only
+        return edgeinfer.load(path, threads=threads, config=runtime, cache=cached)
+
+    models: dict[str, Any] = {name: load(path) for name, path in zip(names, packages, strict=True)}
+    deploy = None
+    if deploy_dir is not None:
+        from edgeinfer.bridge import DeployConfig, TrustedKeys
+
+        if not trusted_key:
+            raise ConfigError("--deploy-dir needs at least one --trusted-key (a .pub file)")
+        deploy = DeployConfig(folder=deploy_dir, trusted=TrustedKeys.load(trusted_key), loader=load)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    bridge = Bridge(models, config=config)
+    bridge = Bridge(
+        models, config=config, deploy=deploy, origins=dict(zip(names, packages, strict=True))
+    )
+    if bridge.deployer is not None:  # what was deployed before a restart is served again
+        for name, model in bridge.deployer.restore().items():
+            bridge.models.swap(name, model)
     try:
         bridge.start(timeout_s=None)
         try:
             bridge.wait_ready(timeout_s=30)
         except BrokerUnavailableError:  # keep trying: the broker may come up after us (boot order)
             console.print(f"[yellow]{broker} not reachable yet; retrying in the background[/]")
-        console.print(f"serving {', '.join(names)} on {broker} as {config.base}/<model>/req "
-                      f"(client id {connection.client_id}); Ctrl-C to stop")
+        console.print(
+            f"serving {', '.join(names)} on {broker} as {config.base}/<model>/req "
+            f"(client id {connection.client_id}); Ctrl-C to stop"
+        )
         while not stop.wait(0.5):
             if bridge.refused is not None:
                 raise BrokerAuthError(f"the broker refused the bridge: {bridge.refused}")

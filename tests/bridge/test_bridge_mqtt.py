@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from typing import Any
 
 import numpy as np
 import pytest
-from bridge_harness import Harness, Mosquitto, wait_until
+from bridge_harness import FakeClock, Harness, Mosquitto, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from paho.mqtt.client import Client as PahoClient
@@ -20,7 +19,6 @@ from paho.mqtt.properties import Properties
 import edgeinfer
 from edgeinfer.bridge import Bridge, Client
 from edgeinfer.bridge import protocol as proto
-from edgeinfer.bridge.worker import epoch_ms
 
 
 @pytest.fixture(scope="module")
@@ -32,17 +30,18 @@ def served(broker: Mosquitto, module_harness: Harness) -> tuple[Bridge, Any, Cli
 
 def assert_ok_embedding(reply: dict[str, Any], model: Any, texts: list[str]) -> None:
     assert reply["ok"] is True, reply
-    assert (reply["model"], reply["precision"]) == ("minilm", "int8")
+    assert (reply["v"], reply["model"], reply["precision"]) == (1, "minilm", "int8")
     assert reply["cached"] is False and reply["exit_layer"] is None
-    assert reply["queue_ms"] >= 0 and reply["compute_ms"] > 0
+    assert reply["compute_ms"] > 0
     expected = model.embed(texts)
     np.testing.assert_allclose(np.asarray(reply["result"]), expected, atol=1e-6)
 
 
 @pytest.mark.parametrize("bridge_protocol", ["5", "3.1.1"])
 @pytest.mark.parametrize("client_protocol", ["5", "3.1.1"])
-def test_round_trip_v5_and_v311(broker: Mosquitto, harness: Harness, bridge_protocol: str,
-                                client_protocol: str) -> None:
+def test_round_trip_v5_and_v311(
+    broker: Mosquitto, harness: Harness, bridge_protocol: str, client_protocol: str
+) -> None:
     device = f"rt-{bridge_protocol}-{client_protocol}".replace(".", "")
     harness.bridge(broker, device_id=device, protocol=bridge_protocol)
     client = harness.client(broker, device_id=device, protocol=client_protocol)
@@ -51,8 +50,9 @@ def test_round_trip_v5_and_v311(broker: Mosquitto, harness: Harness, bridge_prot
     assert reply["slack_ms"] > 0
 
 
-def test_msgpack_round_trip(served: tuple[Bridge, Any, Client], broker: Mosquitto,
-                            module_harness: Harness) -> None:
+def test_msgpack_round_trip(
+    served: tuple[Bridge, Any, Client], broker: Mosquitto, module_harness: Harness
+) -> None:
     pytest.importorskip("msgpack")
     client = module_harness.client(broker, device_id="dev", fmt="msgpack")
     assert_ok_embedding(client.request("minilm", text="compact"), module_harness.model, ["compact"])
@@ -66,8 +66,11 @@ class RawPeer:
         self.replies: list[tuple[dict[str, Any], Any]] = []
         self._cond = threading.Condition()
         self._ready = threading.Event()
-        self.client = PahoClient(CallbackAPIVersion.VERSION2, client_id=f"raw-{name}",
-                                 protocol=MQTTProtocolVersion.MQTTv5)
+        self.client = PahoClient(
+            CallbackAPIVersion.VERSION2,
+            client_id=f"raw-{name}",
+            protocol=MQTTProtocolVersion.MQTTv5,
+        )
         self.client.on_connect = lambda c, *a: c.subscribe(self.topic, qos=1)
         self.client.on_subscribe = lambda *a: self._ready.set()
         self.client.on_message = self._on_message
@@ -78,8 +81,7 @@ class RawPeer:
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
         fmt = proto.wire_format(getattr(message.properties, "ContentType", None))
         with self._cond:
-            self.replies.append((proto.decode_reply(message.payload, fmt=fmt),
-                                 message.properties))
+            self.replies.append((proto.decode_reply(message.payload, fmt=fmt), message.properties))
             self._cond.notify_all()
 
     def send(self, topic: str, payload: bytes, correlation: bytes | None = None) -> None:
@@ -91,8 +93,7 @@ class RawPeer:
 
     def wait_for(self, count: int) -> list[tuple[dict[str, Any], Any]]:
         with self._cond:
-            assert self._cond.wait_for(lambda: len(self.replies) >= count, timeout=30), \
-                self.replies
+            assert self._cond.wait_for(lambda: len(self.replies) >= count, timeout=30), self.replies
             return list(self.replies)
 
     def close(self) -> None:
@@ -107,13 +108,15 @@ def raw(broker: Mosquitto, request: pytest.FixtureRequest) -> Any:
     peer.close()
 
 
-def test_correlation_data_and_content_type_are_echoed(served: tuple[Bridge, Any, Client],
-                                                      raw: RawPeer) -> None:
+def test_correlation_data_and_content_type_are_echoed(
+    served: tuple[Bridge, Any, Client], raw: RawPeer
+) -> None:
     correlation = bytes(range(256))  # binary, not text
     raw.send("edgeinfer/dev/minilm/req", b'{"id": "corr-1", "text": "hello"}', correlation)
     raw.send("edgeinfer/dev/minilm/req", b"not json", b"corr-2")
-    (ok, ok_props), (bad, bad_props) = sorted(raw.wait_for(2), key=lambda r: r[0]["ok"],
-                                              reverse=True)
+    (ok, ok_props), (bad, bad_props) = sorted(
+        raw.wait_for(2), key=lambda r: r[0]["ok"], reverse=True
+    )
     assert ok["ok"] and ok["id"] == "corr-1" and ok_props.CorrelationData == correlation
     assert ok_props.ContentType == proto.CONTENT_JSON
     assert bad["error"]["code"] == proto.BAD_REQUEST and bad_props.CorrelationData == b"corr-2"
@@ -136,8 +139,9 @@ def test_full_queue_answers_busy_at_once(broker: Mosquitto, harness: Harness) ->
     bridge, counting = harness.bridge(broker, device_id="busy", max_queue=2)
     client = harness.client(broker, device_id="busy")
     bridge.worker.pause()
-    futures = [client.submit("minilm", text=f"t{i}", attempt_timeout_s=60, busy_wait_s=0)
-               for i in range(5)]
+    futures = [
+        client.submit("minilm", text=f"t{i}", attempt_timeout_s=60, busy_wait_s=0) for i in range(5)
+    ]
     wait_until(lambda: sum(f.done() for f in futures) == 3)  # answered while the worker waits
     busy = [f.result() for f in futures if f.done()]
     assert all(r["error"]["code"] == proto.BUSY for r in busy)
@@ -147,18 +151,21 @@ def test_full_queue_answers_busy_at_once(broker: Mosquitto, harness: Harness) ->
     assert sum(r["ok"] for r in replies) == 2 and counting.calls == 2
 
 
-def test_expired_deadline_is_answered_without_running_the_model(broker: Mosquitto,
-                                                                harness: Harness) -> None:
-    bridge, counting = harness.bridge(broker, device_id="late")
+def test_expired_deadline_is_answered_without_running_the_model(
+    broker: Mosquitto, harness: Harness
+) -> None:
+    clock = FakeClock()
+    bridge, counting = harness.bridge(broker, device_id="late", clock_ms=clock)
     client = harness.client(broker, device_id="late")
-    reply = client.request("minilm", text="too late", deadline_ms=epoch_ms() - 1000)
+    reply = client.request("minilm", text="too late", deadline_ms=clock() - 1000)
     assert reply["error"]["code"] == proto.DEADLINE_EXCEEDED
     # A deadline that passes while the request waits in the queue: still not run.
     bridge.worker.pause()
-    future = client.submit("minilm", text="expires in the queue", timeout_ms=100,
-                           attempt_timeout_s=60)
+    future = client.submit(
+        "minilm", text="expires in the queue", timeout_ms=100, attempt_timeout_s=60
+    )
     wait_until(lambda: bridge.worker.queue_depth == 1)
-    time.sleep(0.3)  # longer than the 100 ms timeout: the deadline has passed for sure
+    clock.advance(101)  # past the 100 ms timeout, on the bridge's clock
     bridge.worker.resume()
     assert future.result(30)["error"]["code"] == proto.DEADLINE_EXCEEDED
     assert counting.calls == 0
@@ -166,8 +173,9 @@ def test_expired_deadline_is_answered_without_running_the_model(broker: Mosquitt
     assert counting.calls == 1
 
 
-def test_a_duplicate_id_runs_the_model_once(broker: Mosquitto, harness: Harness,
-                                            raw: RawPeer) -> None:
+def test_a_duplicate_id_runs_the_model_once(
+    broker: Mosquitto, harness: Harness, raw: RawPeer
+) -> None:
     bridge, counting = harness.bridge(broker, device_id="dup")
     body = b'{"id": "same", "text": "only once"}'
     bridge.worker.pause()  # the second copy arrives while the first is still queued
@@ -183,24 +191,51 @@ def test_a_duplicate_id_runs_the_model_once(broker: Mosquitto, harness: Harness,
     assert counting.calls == 1 and counting.texts["only once"] == 1
 
 
-@settings(max_examples=2000, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(payload=st.one_of(
-    st.binary(max_size=600),
-    st.builds(lambda v: json.dumps(v).encode(), st.lists(st.integers()) | st.text() | st.none()),
-    st.builds(lambda d: json.dumps(d).encode(), st.fixed_dictionaries(
-        {"id": st.integers() | st.none() | st.lists(st.text())},
-        optional={"text": st.integers() | st.text()})),
-    st.builds(lambda d: json.dumps(d).encode(), st.fixed_dictionaries(
-        {"id": st.text(min_size=1, max_size=20),
-         "texts": st.lists(st.integers() | st.none() | st.just(""), min_size=1)})),
-    st.builds(lambda d: json.dumps(d).encode(), st.fixed_dictionaries(
-        {"id": st.text(min_size=1, max_size=20), "text": st.just("x"),
-         "timeout_ms": st.integers(max_value=0) | st.text() | st.booleans()})),
-    st.binary(min_size=8193, max_size=9000),
-), content_type=st.sampled_from([None, proto.CONTENT_JSON, proto.CONTENT_MSGPACK]))
+@settings(
+    max_examples=2000,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    payload=st.one_of(
+        st.binary(max_size=600),
+        st.builds(
+            lambda v: json.dumps(v).encode(), st.lists(st.integers()) | st.text() | st.none()
+        ),
+        st.builds(
+            lambda d: json.dumps(d).encode(),
+            st.fixed_dictionaries(
+                {"id": st.integers() | st.none() | st.lists(st.text())},
+                optional={"text": st.integers() | st.text()},
+            ),
+        ),
+        st.builds(
+            lambda d: json.dumps(d).encode(),
+            st.fixed_dictionaries(
+                {
+                    "id": st.text(min_size=1, max_size=20),
+                    "texts": st.lists(st.integers() | st.none() | st.just(""), min_size=1),
+                }
+            ),
+        ),
+        st.builds(
+            lambda d: json.dumps(d).encode(),
+            st.fixed_dictionaries(
+                {
+                    "id": st.text(min_size=1, max_size=20),
+                    "text": st.just("x"),
+                    "timeout_ms": st.integers(max_value=0) | st.text() | st.booleans(),
+                }
+            ),
+        ),
+        st.binary(min_size=8193, max_size=9000),
+    ),
+    content_type=st.sampled_from([None, proto.CONTENT_JSON, proto.CONTENT_MSGPACK]),
+)
 def test_malformed_oversize_and_wrong_type_payloads_get_error_replies(
-        served: tuple[Bridge, Any, Client], payload: bytes, content_type: str | None) -> None:
+    served: tuple[Bridge, Any, Client], payload: bytes, content_type: str | None
+) -> None:
     if content_type == proto.CONTENT_MSGPACK and not proto.msgpack_available():
         content_type = None
     reply = served[2].send_raw("minilm", payload, content_type=content_type).result(30)
@@ -215,23 +250,24 @@ def test_the_bridge_keeps_serving_after_the_fuzzing(served: tuple[Bridge, Any, C
     assert bridge.connected and bridge.connects == 1
 
 
-def test_status_is_retained_and_metrics_are_published(broker: Mosquitto,
-                                                      harness: Harness) -> None:
+def test_status_is_retained_and_metrics_are_published(broker: Mosquitto, harness: Harness) -> None:
     bridge, _ = harness.bridge(broker, device_id="ops", metrics_interval_s=0.2)
     client = harness.client(broker, device_id="ops")
     assert client.request("minilm", text="count me")["ok"]
     seen: dict[str, bytes] = {}
     done = threading.Event()
-    watcher = PahoClient(CallbackAPIVersion.VERSION2, client_id="watcher",
-                         protocol=MQTTProtocolVersion.MQTTv5)
+    watcher = PahoClient(
+        CallbackAPIVersion.VERSION2, client_id="watcher", protocol=MQTTProtocolVersion.MQTTv5
+    )
 
     def on_message(c: Any, u: Any, message: Any) -> None:
         seen[message.topic] = message.payload
         if len(seen) == 2:
             done.set()
 
-    watcher.on_connect = lambda c, *a: c.subscribe([("edgeinfer/ops/status", 1),
-                                                    ("edgeinfer/ops/metrics", 0)])
+    watcher.on_connect = lambda c, *a: c.subscribe(
+        [("edgeinfer/ops/status", 1), ("edgeinfer/ops/metrics", 0)]
+    )
     watcher.on_message = on_message
     watcher.connect("127.0.0.1", broker.port)
     watcher.loop_start()
@@ -240,13 +276,15 @@ def test_status_is_retained_and_metrics_are_published(broker: Mosquitto,
     finally:
         watcher.disconnect()
         watcher.loop_stop()
-    assert seen["edgeinfer/ops/status"] == b"online"
+    status = json.loads(seen["edgeinfer/ops/status"])
+    assert status["state"] == "online"
+    assert status["models"]["minilm"]["digest"] == harness.model.manifest.digest
     metrics = json.loads(seen["edgeinfer/ops/metrics"])
     assert metrics["counts"]["ok"] >= 1 and metrics["queue_depth"] == 0
     assert set(metrics["latency_ms"]["total_ms"]) == {"p50", "p95", "p99"}
     bridge.stop()
     offline = RawStatus(broker, "edgeinfer/ops/status")
-    assert offline.value == b"offline"
+    assert json.loads(offline.value)["state"] == "offline"
 
 
 class RawStatus:
@@ -255,8 +293,11 @@ class RawStatus:
     def __init__(self, broker: Mosquitto, topic: str) -> None:
         got = threading.Event()
         self.value = b""
-        client = PahoClient(CallbackAPIVersion.VERSION2, client_id="status-reader",
-                            protocol=MQTTProtocolVersion.MQTTv5)
+        client = PahoClient(
+            CallbackAPIVersion.VERSION2,
+            client_id="status-reader",
+            protocol=MQTTProtocolVersion.MQTTv5,
+        )
 
         def on_message(c: Any, u: Any, message: Any) -> None:
             self.value = message.payload
@@ -273,12 +314,14 @@ class RawStatus:
             client.loop_stop()
 
 
-def test_result_cache_hits_are_reported_cached(broker: Mosquitto, minilm_int8: Any,
-                                               tmp_path: Any) -> None:
+def test_result_cache_hits_are_reported_cached(
+    broker: Mosquitto, minilm_int8: Any, tmp_path: Any
+) -> None:
     """With the runtime's result cache on, a repeated text is answered from it (no session run)
     and the reply says ``cached: true``."""
-    cached_model = edgeinfer.load(minilm_int8, cache=edgeinfer.CacheConfig(
-        persist=False, directory=tmp_path))
+    cached_model = edgeinfer.load(
+        minilm_int8, cache=edgeinfer.CacheConfig(persist=False, directory=tmp_path)
+    )
     harness = Harness(cached_model)
     try:
         _, counting = harness.bridge(broker, device_id="cache")

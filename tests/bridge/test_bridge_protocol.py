@@ -10,52 +10,69 @@ from hypothesis import strategies as st
 
 from edgeinfer.bridge import protocol as proto
 from edgeinfer.bridge.connection import Connection, parse_broker_url
+from edgeinfer.bridge.kinds import MAX_TEXTS, TextInput
 from edgeinfer.errors import ConfigError
 
 LIMIT = 4096
 
 
 def decode(payload: bytes, **kw: object) -> proto.Request | proto.ErrorReply:
-    args: dict[str, object] = {"model": "m", "response_topic": "r/t", "correlation": b"c",
-                               "max_payload_bytes": LIMIT, "received_ms": 1000.0}
+    args: dict[str, object] = {
+        "model": "m",
+        "response_topic": "r/t",
+        "correlation": b"c",
+        "max_payload_bytes": LIMIT,
+        "received_ms": 1000.0,
+    }
     args.update(kw)
     return proto.decode_request(payload, **args)  # type: ignore[arg-type]
 
 
 def test_a_valid_request_decodes_with_its_deadline() -> None:
-    req = decode(json.dumps({"id": "a", "texts": ["x", "y"], "timeout_ms": 50,
-                             "params": {"truncate": False}}).encode())
+    req = decode(
+        json.dumps(
+            {"id": "a", "texts": ["x", "y"], "timeout_ms": 50, "params": {"truncate": False}}
+        ).encode()
+    )
     assert isinstance(req, proto.Request)
-    assert (req.id, req.texts, req.truncate, req.deadline_ms) == ("a", ("x", "y"), False, 1050.0)
+    assert req.kind == "text" and req.input == TextInput(("x", "y"), truncate=False)
+    assert (req.id, req.deadline_ms) == ("a", 1050.0)
     assert (req.reply_to, req.correlation, req.fmt) == ("r/t", b"c", "json")
 
 
 def test_v311_reply_to_comes_from_the_payload() -> None:
-    req = decode(b'{"id": "a", "text": "x", "reply_to": "me/reply"}', response_topic=None,
-                 correlation=None)
+    req = decode(
+        b'{"id": "a", "text": "x", "reply_to": "me/reply"}', response_topic=None, correlation=None
+    )
     assert isinstance(req, proto.Request) and req.reply_to == "me/reply"
     no_topic = decode(b'{"id": "a", "text": "x"}', response_topic=None)
     assert isinstance(no_topic, proto.ErrorReply) and no_topic.code == proto.BAD_REQUEST
 
 
-@pytest.mark.parametrize("body, why", [
-    ({"text": "x"}, "'id'"),
-    ({"id": "", "text": "x"}, "'id'"),
-    ({"id": "a" * (proto.MAX_ID_CHARS + 1), "text": "x"}, "'id'"),
-    ({"id": "a"}, "exactly one"),
-    ({"id": "a", "text": "x", "texts": ["y"]}, "exactly one"),
-    ({"id": "a", "texts": []}, "non-empty list"),
-    ({"id": "a", "texts": "x"}, "non-empty list"),
-    ({"id": "a", "texts": ["x", 3]}, "non-empty string"),
-    ({"id": "a", "text": "   "}, "non-empty string"),
-    ({"id": "a", "texts": ["x"] * (proto.MAX_TEXTS + 1)}, "at most"),
-    ({"id": "a", "text": "x", "timeout_ms": 0}, "positive"),
-    ({"id": "a", "text": "x", "timeout_ms": True}, "positive"),
-    ({"id": "a", "text": "x", "deadline_ms": "soon"}, "epoch ms"),
-    ({"id": "a", "text": "x", "deadline_ms": 1, "timeout_ms": 1}, "at most one"),
-    ({"id": "a", "text": "x", "params": {"temperature": 1}}, "'params'"),
-    ({"id": "a", "text": "x", "params": {"truncate": "yes"}}, "truncate"),
-])
+@pytest.mark.parametrize(
+    "body, why",
+    [
+        ({"text": "x"}, "'id'"),
+        ({"id": "", "text": "x"}, "'id'"),
+        ({"id": "a" * (proto.MAX_ID_CHARS + 1), "text": "x"}, "'id'"),
+        ({"id": "a"}, "which kind"),
+        ({"id": "a", "text": "x", "texts": ["y"]}, "exactly one"),
+        ({"id": "a", "text": "x", "prompt": "y"}, "which kind"),
+        ({"id": "a", "v": 2, "text": "x"}, "newer than this bridge"),
+        ({"id": "a", "text": "x", "encoding": "hex"}, "'encoding'"),
+        ({"id": "a", "texts": []}, "non-empty list"),
+        ({"id": "a", "texts": "x"}, "non-empty list"),
+        ({"id": "a", "texts": ["x", 3]}, "non-empty string"),
+        ({"id": "a", "text": "   "}, "non-empty string"),
+        ({"id": "a", "texts": ["x"] * (MAX_TEXTS + 1)}, "at most"),
+        ({"id": "a", "text": "x", "timeout_ms": 0}, "positive"),
+        ({"id": "a", "text": "x", "timeout_ms": True}, "positive"),
+        ({"id": "a", "text": "x", "deadline_ms": "soon"}, "epoch ms"),
+        ({"id": "a", "text": "x", "deadline_ms": 1, "timeout_ms": 1}, "at most one"),
+        ({"id": "a", "text": "x", "params": {"temperature": 1}}, "'params'"),
+        ({"id": "a", "text": "x", "params": {"truncate": "yes"}}, "truncate"),
+    ],
+)
 def test_wrong_fields_are_bad_requests_that_keep_the_id(body: dict[str, object], why: str) -> None:
     reply = decode(json.dumps(body).encode())
     assert isinstance(reply, proto.ErrorReply)
@@ -81,10 +98,13 @@ def test_msgpack_round_trip_when_the_content_type_says_so() -> None:
 
 
 @settings(max_examples=500, deadline=None, database=None)
-@given(payload=st.binary(max_size=LIMIT + 64),
-       content_type=st.sampled_from([None, "application/json", "application/msgpack"]))
-def test_any_bytes_decode_to_a_request_or_an_error_reply(payload: bytes,
-                                                         content_type: str | None) -> None:
+@given(
+    payload=st.binary(max_size=LIMIT + 64),
+    content_type=st.sampled_from([None, "application/json", "application/msgpack"]),
+)
+def test_any_bytes_decode_to_a_request_or_an_error_reply(
+    payload: bytes, content_type: str | None
+) -> None:
     result = decode(payload, content_type=content_type)
     assert isinstance(result, proto.Request | proto.ErrorReply)
     if isinstance(result, proto.ErrorReply):
@@ -100,20 +120,30 @@ json_values = st.recursive(
 
 
 @settings(max_examples=500, deadline=None, database=None)
-@given(body=st.dictionaries(
-    st.sampled_from(["id", "text", "texts", "params", "timeout_ms", "deadline_ms", "reply_to",
-                     "other"]), json_values))
+@given(
+    body=st.dictionaries(
+        st.sampled_from(
+            ["id", "text", "texts", "params", "timeout_ms", "deadline_ms", "reply_to", "other"]
+        ),
+        json_values,
+    )
+)
 def test_wrong_typed_objects_never_raise(body: dict[str, object]) -> None:
     result = decode(json.dumps(body).encode())
     if isinstance(result, proto.Request):  # then it really was valid
-        assert isinstance(body["id"], str) and all(isinstance(t, str) for t in result.texts)
+        assert isinstance(body["id"], str) and isinstance(result.input, TextInput)
+        assert all(isinstance(t, str) for t in result.input.texts)
 
 
 def test_broker_urls_and_connection_checks() -> None:
     assert parse_broker_url("mqtt://127.0.0.1:1884") == ("127.0.0.1", 1884, False)
     assert parse_broker_url("mqtts://127.0.0.1") == ("127.0.0.1", 8883, True)
-    for bad in ("http://127.0.0.1", "127.0.0.1:1883", "mqtt://127.0.0.1:notaport",
-                "mqtt://user:secret@127.0.0.1:1883"):
+    for bad in (
+        "http://127.0.0.1",
+        "127.0.0.1:1883",
+        "mqtt://127.0.0.1:notaport",
+        "mqtt://user:secret@127.0.0.1:1883",
+    ):
         with pytest.raises(ConfigError):
             parse_broker_url(bad)
     with pytest.raises(ConfigError):

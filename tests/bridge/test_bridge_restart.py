@@ -19,8 +19,9 @@ REQUESTS = 300
 KILL_AT, RESTART_AT = 100, 200  # requests sent before the kill, and before the restart
 
 
-def test_kill_9_mid_stream_every_request_answered_once(own_broker: Mosquitto,
-                                                       harness: Harness) -> None:
+def test_kill_9_mid_stream_every_request_answered_once(
+    own_broker: Mosquitto, harness: Harness
+) -> None:
     bridge, counting = harness.bridge(own_broker, device_id="plant", client_id="bridge-plant")
     client = harness.client(own_broker, device_id="plant", client_id="client-plant")
     futures: dict[str, Future[dict[str, Any]]] = {}
@@ -29,8 +30,14 @@ def test_kill_9_mid_stream_every_request_answered_once(own_broker: Mosquitto,
     def stream() -> None:  # a steady sensor stream that does not care about the broker
         for i in range(REQUESTS):
             text = f"reading {i}"
-            futures[text] = client.submit("minilm", text=text, request_id=f"req-{i}",
-                                          attempt_timeout_s=2.0, retries=30, backoff=1.2)
+            futures[text] = client.submit(
+                "minilm",
+                text=text,
+                request_id=f"req-{i}",
+                attempt_timeout_s=2.0,
+                retries=30,
+                backoff=1.2,
+            )
             sent.release()
             time.sleep(0.001)
 

@@ -9,12 +9,20 @@ from bridge_harness import CountingModel
 
 import edgeinfer
 from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge.kinds import TextInput
 from edgeinfer.bridge.worker import Outgoing, Worker, epoch_ms
 
 
 def request(i: int, *, ident: str | None = None) -> proto.Request:
-    return proto.Request(id=ident or f"id-{i}", model="minilm", texts=(f"text {i}",),
-                         reply_to="r", correlation=str(i).encode(), received_ms=epoch_ms())
+    return proto.Request(
+        id=ident or f"id-{i}",
+        model="minilm",
+        kind="text",
+        input=TextInput((f"text {i}",)),
+        reply_to="r",
+        correlation=str(i).encode(),
+        received_ms=epoch_ms(),
+    )
 
 
 def test_concurrent_duplicates_run_the_model_once(real_model: edgeinfer.Model) -> None:

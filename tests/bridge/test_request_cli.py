@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from bridge_harness import Harness, Mosquitto, free_port
@@ -159,3 +160,27 @@ def test_tls_password_from_the_environment(secure_broker: Mosquitto, harness: Ha
     )
     assert denied.returncode == 2 and "(broker_auth)" in denied.stderr
     assert "wrong-password-never-logged" not in denied.stdout + denied.stderr
+
+
+def test_a_generation_streams_through_the_command(broker: Mosquitto, tiny_decoder: Path) -> None:
+    import edgeinfer
+    from edgeinfer.bridge import Bridge, BridgeConfig, Connection
+
+    config = BridgeConfig(
+        connection=Connection(broker=broker.url, client_id="b-cli-gen"),
+        device_id="cli-gen",
+        metrics_interval_s=0,
+    )
+    with Bridge({"tiny": edgeinfer.load(tiny_decoder, threads=1)}, config=config):
+        result = _request(
+            "--broker",
+            broker.url,
+            "--device-id",
+            "cli-gen",
+            "tiny",
+            '{"prompt": "the pump", "max_new_tokens": 12}',
+        )
+    assert result.returncode == 0, result.stderr
+    reply = json.loads(result.stdout)
+    assert reply["done"] and reply["result"]["stop_reason"] in ("eos", "length")
+    assert reply["result"]["text"].replace("\n", "") in result.stderr.replace("\n", "")

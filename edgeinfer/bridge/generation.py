@@ -1,0 +1,303 @@
+"""Generate requests: one generation at a time per model, a bounded queue, streamed chunks.
+
+Each generate model has a lane: a queue of at most ``max_queue`` requests (one more is
+answered ``busy``) and one thread. The thread streams the answer to the reply topic as
+numbered chunks (``{"chunk": 0, "text": ...}``, ``1``, ...) while it is decoded, then sends
+one final message (``done: true``) with the full text, token counts, time to first token,
+tokens/s and the stop reason: ``eos``, ``stop`` (a stop string), ``length``
+(``max_new_tokens``), ``deadline`` (the whole-answer deadline) or ``cancelled``.
+
+Deadlines: a request whose whole-answer deadline or first-token deadline passed in the queue
+is answered ``deadline_exceeded`` without running; a first token that comes after its
+deadline stops the generation with ``deadline_exceeded``; the whole-answer deadline ends the
+generation where it is (``stop_reason: deadline``, the text so far). ``cancel`` by id stops a
+queued generation before it runs and a running one at its next token.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from edgeinfer.bridge import kinds
+from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge.replies import DedupStore, Stored
+from edgeinfer.bridge.serving import ModelTable
+from edgeinfer.config import SamplingConfig
+from edgeinfer.errors import ConfigError, EdgeInferError, InputError
+from edgeinfer.runtime.streaming import first_stop, held_back
+
+__all__ = ["GenerationLane"]
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[proto.Request, bytes], None]
+
+
+class _Cancelled(Exception):
+    """Raised inside a lane when its running generation is cancelled."""
+
+
+class GenerationLane:
+    """Serve one model's generate requests, one at a time.
+
+    Args:
+        name: the model's name (its topic level).
+        models: the model table (the lane takes the model when a generation starts).
+        dedup: the bridge's de-duplication store (the lane releases its keys).
+        send: publishes one payload to a request's reply topic (any thread).
+        reply_error: answers a request with an error (and counts it).
+        max_queue: generations waiting at most.
+        clock_ms: epoch-ms clock (deadlines).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        models: ModelTable,
+        dedup: DedupStore,
+        send: Send,
+        reply_error: Callable[[proto.Request, str, str], None],
+        max_queue: int,
+        clock_ms: Callable[[], float],
+    ) -> None:
+        self.name = name
+        self._models = models
+        self._dedup = dedup
+        self._send = send
+        self._reply_error = reply_error
+        self.max_queue = max_queue
+        self._clock = clock_ms
+        self._queue: deque[proto.Request] = deque()
+        self._cond = threading.Condition()  # guards the queue, _running, _cancel, _stopping
+        self._running: str | None = None
+        self._cancel: set[str] = set()
+        self._stopping = False
+        self.generations = 0  # model runs started (the soak test checks one per id)
+        self._thread = threading.Thread(target=self._loop, name=f"edgeinfer-gen-{name}")
+
+    def start(self) -> None:
+        """Start the lane's thread."""
+        self._thread.start()
+
+    def stop(self, *, timeout_s: float) -> None:
+        """Finish queued generations for up to ``timeout_s``, cancel the rest, join."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            if not self._cond.wait_for(lambda: not self._queue and not self._running, timeout_s):
+                self._cancel.update([*(r.id for r in self._queue), self._running or ""])
+        if self._thread.is_alive():
+            self._thread.join()
+
+    @property
+    def depth(self) -> int:
+        """Generations waiting now."""
+        with self._cond:
+            return len(self._queue)
+
+    def submit(self, request: proto.Request) -> bool:
+        """Queue a generation; False when the queue is full (the caller answers ``busy``)."""
+        with self._cond:
+            if len(self._queue) >= self.max_queue or self._stopping:
+                return False
+            self._queue.append(request)
+            self._cond.notify_all()
+            return True
+
+    def cancel(self, target: str) -> str:
+        """Cancel generation ``target``: ``queued``, ``running`` or ``unknown`` (finished,
+        never seen, or on another model)."""
+        with self._cond:
+            if self._running == target:
+                self._cancel.add(target)
+                return "running"
+            for queued in self._queue:
+                if queued.id == target:
+                    self._cancel.add(target)
+                    self._cond.notify_all()
+                    return "queued"
+        return "unknown"
+
+    # -- the lane's thread -----------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopping or bool(self._queue))
+                if not self._queue:
+                    return
+                request = self._queue.popleft()
+                self._running = request.id
+            try:
+                self._serve(request)
+            except Exception:  # a reply must go out whatever happened; the lane must live
+                log.exception("generation %r failed", request.id)
+                self._dedup.release(request.key, None)
+                self._reply_error(request, proto.INTERNAL, "internal error")
+            finally:
+                with self._cond:
+                    self._running = None
+                    self._cancel.discard(request.id)
+                    self._cond.notify_all()
+
+    def _cancelled(self, request_id: str) -> bool:
+        with self._cond:
+            return request_id in self._cancel
+
+    def _serve(self, request: proto.Request) -> None:
+        given = request.input
+        assert isinstance(given, kinds.GenerateInput)  # the worker routes only generate here
+        now = self._clock()
+        first_deadline = (
+            None
+            if given.first_token_timeout_ms is None
+            else request.received_ms + given.first_token_timeout_ms
+        )
+        late = [d for d in (request.deadline_ms, first_deadline) if d is not None and now >= d]
+        if late:
+            self._dedup.release(request.key, None)
+            self._reply_error(
+                request,
+                proto.DEADLINE_EXCEEDED,
+                f"deadline passed {now - min(late):.1f} ms ago in the queue; the model was not run",
+            )
+            return
+        queue_ms = max(0.0, now - request.received_ms)
+        if self._cancelled(request.id):
+            self._finish(request, _Answer(reason="cancelled"), queue_ms)
+            return
+        model = self._models.get(self.name)
+        if model is None:
+            raise EdgeInferError(f"model {self.name!r} is no longer served")
+        try:
+            answer = self._generate(model, request, given, first_deadline)
+        except (InputError, ConfigError) as exc:  # a prompt too long, bad sampling values
+            self._dedup.release(request.key, None)
+            self._reply_error(request, proto.BAD_REQUEST, str(exc))
+            return
+        except EdgeInferError as exc:
+            log.warning("generation %r failed: %s", request.id, exc)
+            self._dedup.release(request.key, None)
+            self._reply_error(request, proto.INTERNAL, f"{exc.code}: {exc}")
+            return
+        if answer.reason == "first_token_deadline":
+            self._dedup.release(request.key, None)
+            self._reply_error(
+                request,
+                proto.DEADLINE_EXCEEDED,
+                f"the first token took {(answer.first_s or 0.0) * 1e3:.1f} ms, after the "
+                "first-token deadline; the generation was stopped",
+            )
+            return
+        self._finish(request, answer, queue_ms)
+
+    def _generate(
+        self,
+        model: Any,
+        request: proto.Request,
+        given: kinds.GenerateInput,
+        first_deadline: float | None,
+    ) -> _Answer:
+        answer = _Answer()
+        remaining_s = (
+            None if request.deadline_ms is None else (request.deadline_ms - self._clock()) / 1e3
+        )
+        sampling = SamplingConfig(**dict(given.sampling or {}))
+        stops = list(given.stop)
+        self.generations += 1
+        started = time.perf_counter()
+        text, emitted = "", 0
+        chunks = model.stream(
+            given.prompt if isinstance(given.prompt, str) else list(given.prompt),
+            max_new_tokens=given.max_new_tokens,
+            sampling=sampling,
+            timeout_s=remaining_s,
+        )
+        try:
+            for chunk in chunks:
+                answer.tokens += len(chunk.token_ids)
+                answer.last_s = time.perf_counter() - started
+                if answer.first_s is None:
+                    answer.first_s = answer.last_s
+                    if first_deadline is not None and self._clock() > first_deadline:
+                        answer.reason = "first_token_deadline"
+                        return answer
+                text += chunk.text
+                cut = first_stop(text, stops, emitted)
+                safe = cut if cut is not None else len(text) - held_back(text, stops)
+                if safe > emitted:
+                    self._chunk(request, answer, text[emitted:safe])
+                    emitted = safe
+                if cut is not None:
+                    answer.reason, text = "stop", text[:cut]
+                    break
+                if self._cancelled(request.id):
+                    answer.reason = "cancelled"
+                    break
+        finally:
+            chunks.close()  # releases the model for the next generation
+        if len(text) > emitted and answer.reason != "stop":
+            self._chunk(request, answer, text[emitted:])
+        answer.text = text
+        if answer.reason is None:
+            expired = request.deadline_ms is not None and self._clock() >= request.deadline_ms
+            reason = "length" if answer.tokens >= given.max_new_tokens else "eos"
+            answer.reason = "deadline" if expired else reason
+        return answer
+
+    def _chunk(self, request: proto.Request, answer: _Answer, text: str) -> None:
+        chunk = {
+            "v": proto.PROTOCOL_VERSION,
+            "id": request.id,
+            "model": request.model,
+            "chunk": len(answer.chunks),
+            "text": text,
+        }
+        answer.chunks.append(chunk)
+        self._send(request, proto.encode(chunk, fmt=request.fmt))
+
+    def _finish(self, request: proto.Request, answer: _Answer, queue_ms: float) -> None:
+        model = self._models.get(self.name)
+        head = {
+            "v": proto.PROTOCOL_VERSION,
+            "id": request.id,
+            "ok": True,
+            "done": True,
+            "model": request.model,
+            "precision": getattr(getattr(model, "manifest", None), "precision", None),
+            "queue_ms": round(queue_ms, 3),
+            "compute_ms": round(answer.last_s * 1e3, 3),
+        }
+        result = {
+            "text": answer.text,
+            "chunks": len(answer.chunks),
+            "completion_tokens": answer.tokens,
+            "ttft_ms": None if answer.first_s is None else round(answer.first_s * 1e3, 3),
+            "tokens_per_s": round(answer.rate(), 3),
+            "stop_reason": answer.reason,
+        }
+        stored = Stored(head, proto.Body(result), answer.chunks)
+        self._dedup.release(request.key, stored)
+        self._send(request, stored.payload(request.fmt))
+
+
+class _Answer:
+    """What one generation produced and measured (times in s from its start)."""
+
+    def __init__(self, *, reason: str | None = None) -> None:
+        self.reason = reason
+        self.text = ""
+        self.tokens = 0
+        self.first_s: float | None = None
+        self.last_s = 0.0
+        self.chunks: list[dict[str, Any]] = []
+
+    def rate(self) -> float:
+        """Decode tokens per second after the first token (0 with fewer than two)."""
+        span = self.last_s - (self.first_s or 0.0)
+        return (self.tokens - 1) / span if self.tokens > 1 and span > 0 else 0.0

@@ -1,0 +1,169 @@
+"""What the bridge remembers about answers: the de-duplication store and the exact reply cache.
+
+``DedupStore`` keys ``(model, id)``: a repeat of a request still pending is dropped (its one
+reply is on the way), a repeat of a finished one is answered from a bounded LRU of recent
+replies — a generation's chunks included — without running the model again. That is what
+makes QoS 1 redelivery and client re-sends answer once.
+
+``ReplyCache`` keys a digest of (package digest, kind, the request's input): a deterministic
+request seen before is answered in paho's thread from the stored result, without the worker
+hop, the model, or re-encoding the result (``protocol.Body`` keeps its bytes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.bridge import kinds
+from edgeinfer.bridge import protocol as proto
+
+__all__ = ["DedupStore", "Outgoing", "ReplyCache", "Stored", "cache_key", "epoch_ms"]
+
+
+def epoch_ms() -> float:
+    """Wall-clock time in epoch milliseconds (deadlines are absolute epoch ms on the wire)."""
+    return time.time() * 1e3
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One reply to publish: ``topic`` ``None`` means the request named no reply topic."""
+
+    topic: str | None
+    payload: bytes
+    correlation: bytes | None
+    fmt: str
+
+
+class Stored:
+    """A finished reply: its head fields, its result body, and (generate) its chunks."""
+
+    __slots__ = ("_payloads", "body", "chunks", "head")
+
+    def __init__(
+        self,
+        head: dict[str, Any],
+        body: proto.Body | None = None,
+        chunks: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        self.head = head
+        self.body = body
+        self.chunks = tuple(chunks)
+        self._payloads: dict[str, bytes] = {}
+
+    def payload(self, fmt: str) -> bytes:
+        """The reply encoded as ``fmt`` (once; a duplicate race encodes it twice)."""
+        data = self._payloads.get(fmt)
+        if data is None:
+            data = (
+                proto.encode(self.head, fmt=fmt)
+                if self.body is None
+                else proto.encode_reply(self.head, self.body, fmt=fmt)
+            )
+            self._payloads[fmt] = data
+        return data
+
+
+class DedupStore:
+    """Pending keys and an LRU of finished replies (``size`` entries at most). Thread-safe."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._done: OrderedDict[tuple[str, str], Stored] = OrderedDict()
+        self._pending: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def claim(self, key: tuple[str, str]) -> Stored | bool:
+        """The stored reply of a finished ``key``; else True when ``key`` is now pending
+        (run it), False when it already was (drop the repeat)."""
+        with self._lock:
+            done = self._done.get(key)
+            if done is not None:
+                self._done.move_to_end(key)
+                return done
+            if key in self._pending:
+                return False
+            self._pending.add(key)
+            return True
+
+    def release(self, key: tuple[str, str], reply: Stored | None) -> None:
+        """``key`` is no longer pending; keep its reply (``None``: forget it, e.g. ``busy``)."""
+        with self._lock:
+            self._pending.discard(key)
+            if reply is not None:
+                self._done[key] = reply
+                self._done.move_to_end(key)
+                while len(self._done) > self.size:
+                    self._done.popitem(last=False)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._done)
+
+
+def cache_key(digest: str, request: proto.Request) -> bytes | None:
+    """The reply-cache key of a deterministic request, or ``None`` (generate, a stream)."""
+    given = request.input
+    h = hashlib.sha256(f"{digest}\0{request.kind}\0{request.encoding}\0".encode())
+    if isinstance(given, kinds.TextInput):
+        h.update(json.dumps([given.truncate, given.texts]).encode())
+    elif isinstance(given, kinds.ImageInput):
+        for image in given.images:
+            if isinstance(image, np.ndarray):
+                h.update(f"raw:{image.shape}".encode() + image.tobytes())
+            else:
+                h.update(f"{image[0]}:{len(image[1])}".encode() + image[1])
+    elif isinstance(given, kinds.TensorInput) and given.stream is None:
+        for name in sorted(given.feeds):
+            array = given.feeds[name]
+            h.update(f"{name}:{array.dtype.str}:{array.shape}".encode() + array.tobytes())
+    else:
+        return None
+    return h.digest()
+
+
+class ReplyCache:
+    """Results of deterministic requests by ``cache_key``, at most ``capacity_bytes``. LRU."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self._entries: OrderedDict[bytes, tuple[dict[str, Any], proto.Body, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: bytes) -> tuple[dict[str, Any], proto.Body] | None:
+        """The stored (head fields to reuse, result body), or ``None``."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            return entry[0], entry[1]
+
+    def put(self, key: bytes, fields: dict[str, Any], body: proto.Body) -> None:
+        """Keep a result (a body larger than the whole cache is not kept)."""
+        size = body.nbytes + 256  # the key, the head fields and the entry's own overhead
+        if size > self.capacity_bytes:
+            return
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old[2]
+            self._entries[key] = (fields, body, size)
+            self._bytes += size
+            while self._bytes > self.capacity_bytes:
+                _, (_, _, dropped) = self._entries.popitem(last=False)
+                self._bytes -= dropped
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)

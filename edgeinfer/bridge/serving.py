@@ -1,0 +1,197 @@
+"""What the bridge serves: the model table (swapped between requests), the kind each model
+takes, per-device stream state for stateful models, and running one request on one model.
+
+Models are duck-typed (``edgeinfer.Model`` fits): ``task`` and ``manifest`` always; then
+``embed_with_info``/``classify`` (text), ``classify`` on uint8 images (image classifiers),
+``run(feeds, *, stream=None)`` (tensor: ``raw`` packages) or ``stream(prompt, ...)``
+(generate, see ``generation.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from edgeinfer.bridge import arrays, kinds
+from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge.images import frames_to_batch
+from edgeinfer.errors import InputError
+from edgeinfer.package_io import ImageClassifierIO
+
+__all__ = ["ModelTable", "Outcome", "ServedModel", "StreamTable", "kind_of", "run_request"]
+
+
+class ServedModel(Protocol):
+    """What every served model has: ``edgeinfer.Model`` satisfies it."""
+
+    @property
+    def task(self) -> str:
+        """``embed``, ``classify``, ``generate`` or ``raw``."""
+
+    @property
+    def manifest(self) -> Any:
+        """The package manifest (``precision``, ``digest``, ``io``)."""
+
+
+# A package's io.kind -> the request kind it takes (text for the text kinds).
+_REQUEST_KINDS = {"decoder": "generate", "raw": "tensor", "image-classifier": "image"}
+
+
+def kind_of(model: ServedModel) -> str:
+    """The request kind a model takes: generate, tensor, image or text (from ``io.kind``)."""
+    if model.task == "raw":
+        return "tensor"
+    return _REQUEST_KINDS.get(model.manifest.io.kind, "text")
+
+
+def _image_size(manifest: Any) -> tuple[int, int]:
+    image = manifest.io_as(ImageClassifierIO).image
+    return image.height, image.width
+
+
+class ModelTable:
+    """Model name -> the model serving it now. ``swap`` replaces one between requests: a
+    request takes its model once, when it starts, so it is answered wholly by one model."""
+
+    def __init__(self, models: Mapping[str, ServedModel]) -> None:
+        self._models = dict(models)
+        self._lock = threading.Lock()  # serializes writers; readers see a whole dict
+
+    def get(self, name: str) -> ServedModel | None:
+        """The model serving ``name`` now, or ``None``."""
+        return self._models.get(name)
+
+    def names(self) -> list[str]:
+        """The served names, sorted."""
+        return sorted(self._models)
+
+    def swap(self, name: str, model: ServedModel) -> ServedModel | None:
+        """Serve ``name`` with ``model`` from the next request on; return the one it replaces."""
+        with self._lock:
+            previous = self._models.get(name)
+            self._models = {**self._models, name: model}  # copy-on-write: no torn reads
+            return previous
+
+    def items(self) -> list[tuple[str, ServedModel]]:
+        """(name, model) pairs, sorted by name."""
+        models = self._models
+        return sorted(models.items())
+
+
+@dataclass
+class _Stream:
+    model: Any
+    last_s: float
+
+
+@dataclass
+class StreamTable:
+    """Which device streams of stateful models are alive: at most ``max_streams`` per bridge,
+    each forgotten after ``idle_s`` without a request. A forgotten stream's state is dropped
+    by the model (``end_stream``), and its next request starts afresh (``"new": true``)."""
+
+    max_streams: int = 256
+    idle_s: float = 300.0
+    clock_s: Callable[[], float] = time.monotonic
+    _live: OrderedDict[tuple[str, str], _Stream] = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def touch(self, name: str, model: Any, stream: str) -> bool:
+        """Mark ``stream`` of ``name`` used now; True when it starts (or restarts) here."""
+        now = self.clock_s()
+        ended: list[tuple[Any, str]] = []
+        with self._lock:
+            for key, live in list(self._live.items()):  # oldest first: stop at a live one
+                if now - live.last_s < self.idle_s:
+                    break
+                ended.append((live.model, key[1]))
+                del self._live[key]
+            entry = self._live.pop((name, stream)) if (name, stream) in self._live else None
+            new = entry is None or entry.model is not model
+            if entry is not None and new:  # the model was swapped: the old state is gone
+                ended.append((entry.model, stream))
+            self._live[(name, stream)] = _Stream(model, now)
+            while len(self._live) > self.max_streams:
+                (_, old), dropped = self._live.popitem(last=False)
+                ended.append((dropped.model, old))
+        for owner, old in ended:
+            end = getattr(owner, "end_stream", None)
+            if callable(end):
+                end(old)
+        return new
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._live)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A request's answer: the result body and the reply fields that depend on the kind."""
+
+    body: proto.Body
+    cached: bool = False
+    exit_layer: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _vectors(rows: list[np.ndarray], encoding: str) -> proto.Body:
+    def encoder(fmt: str) -> bytes:
+        if fmt == "json":
+            return arrays.vectors_json(rows, encoding=encoding)
+        value = arrays.vectors_value(rows, encoding=encoding)
+        return proto.packb(value, single_float=True)
+
+    return proto.Body(encoder=encoder)
+
+
+def _labels(results: list[Any]) -> Outcome:
+    layers = [r.exit_layer for r in results]
+    items = [
+        {"label": r.label, "score": r.score, "scores": r.scores, "exit_layer": layer}
+        for r, layer in zip(results, layers, strict=True)
+    ]
+    exits = [layer for layer in layers if layer is not None]
+    cached = bool(results) and all(r.cached for r in results)
+    return Outcome(proto.Body(items), cached, max(exits) if exits else None)
+
+
+def _tensors(outputs: Mapping[str, np.ndarray]) -> proto.Body:
+    def encoder(fmt: str) -> bytes:
+        binary = fmt == "msgpack"
+        value = {
+            name: arrays.encode_array(np.asarray(a), binary=binary) for name, a in outputs.items()
+        }
+        return proto.Body(value).encoded(fmt)
+
+    return proto.Body(encoder=encoder)
+
+
+def run_request(name: str, model: Any, request: proto.Request, streams: StreamTable) -> Outcome:
+    """Run a text, image or tensor request on ``model`` (its kind already checked)."""
+    given = request.input
+    if isinstance(given, kinds.TextInput):
+        if model.task == "embed":
+            answers = model.embed_with_info(list(given.texts), truncate=given.truncate)
+            cached = bool(answers) and all(a.cached for a in answers)
+            return Outcome(_vectors([a.vector for a in answers], request.encoding), cached)
+        return _labels(model.classify(list(given.texts), truncate=given.truncate))
+    if isinstance(given, kinds.ImageInput):
+        height, width = _image_size(model.manifest)
+        batch = frames_to_batch(given.images, height=height, width=width)  # [N, H, W, 3]
+        return _labels(model.classify(batch))
+    if isinstance(given, kinds.TensorInput):
+        extra: dict[str, Any] = {}
+        if given.stream is not None:
+            extra["stream"] = {"id": given.stream, "new": streams.touch(name, model, given.stream)}
+        outputs = model.run(dict(given.feeds), stream=given.stream)
+        if not isinstance(outputs, Mapping):
+            raise InputError("the model's run() did not return named outputs")
+        return Outcome(_tensors(outputs), extra=extra)
+    raise InputError(f"a {request.kind!r} request is not run here")

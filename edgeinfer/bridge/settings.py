@@ -1,0 +1,97 @@
+"""The bridge's settings: topics, QoS, queue and payload bounds, caches, streams."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from edgeinfer.bridge.connection import Connection
+from edgeinfer.errors import ConfigError
+
+__all__ = ["TOPIC_LEVEL_BAD", "BridgeConfig", "default_client_id"]
+
+TOPIC_LEVEL_BAD = frozenset("/+#\0")
+
+
+def default_client_id(device_id: str, shared_group: str | None = None) -> str:
+    """A stable client id: the same bridge on the same host gets its persistent session back."""
+    parts = ["edgeinfer", device_id]
+    if shared_group:  # several bridges share the device id: the host tells them apart
+        parts += [shared_group, socket.gethostname()]
+    return "-".join(parts)[:128]
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    """How the bridge serves.
+
+    Args:
+        connection: broker, credentials, TLS, protocol, client id and session settings.
+        device_id: the device's topic level.
+        topic_prefix: the first topic level.
+        shared_group: subscribe through ``$share/GROUP/...`` so bridges in a group split requests.
+        qos: QoS of the request subscription and of the replies; 1 (at least once, with the
+            de-duplication store making it answer-once) is the default.
+        max_queue: requests waiting at most; one more is answered ``busy`` at once.
+        max_payload_bytes: bigger requests get ``payload_too_large`` unparsed; 256 KiB holds 64
+            texts of a full 512-token window with room to spare.
+        dedup_size: recent replies kept to answer repeated ids without running the model.
+        worker_threads: threads running models (1: a request at a time, every core each).
+        metrics_interval_s: seconds between metrics messages; 0 turns them off.
+        reply_cache_bytes: answer a repeated deterministic request (same package and input)
+            from memory without the worker hop; 0 (default) turns it off.
+        max_generate_queue: generations waiting per generate model (one runs at a time).
+        max_streams: device streams of stateful models kept at once (least recent dropped).
+        stream_idle_s: a stream without a request for this long starts afresh.
+    """
+
+    connection: Connection
+    device_id: str
+    topic_prefix: str = "edgeinfer"
+    shared_group: str | None = None
+    qos: int = 1
+    max_queue: int = 64
+    max_payload_bytes: int = 256 * 1024
+    dedup_size: int = 4096
+    worker_threads: int = 1
+    metrics_interval_s: float = 10.0
+    reply_cache_bytes: int = 0
+    max_generate_queue: int = 4
+    max_streams: int = 256
+    stream_idle_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name, level in (
+            ("device_id", self.device_id),
+            ("topic_prefix", self.topic_prefix),
+            ("shared_group", self.shared_group or "x"),
+        ):
+            if not level or TOPIC_LEVEL_BAD & set(level):
+                raise ConfigError(f"{name} must be a non-empty topic level without / + # NUL")
+        if self.qos not in (0, 1):
+            raise ConfigError(f"qos must be 0 or 1, got {self.qos}")
+        if self.max_payload_bytes < 64:
+            raise ConfigError("max_payload_bytes must be >= 64")
+        if self.metrics_interval_s < 0 or self.stream_idle_s <= 0 or self.max_streams < 1:
+            raise ConfigError("need metrics_interval_s >= 0, stream_idle_s > 0, max_streams >= 1")
+
+    @property
+    def base(self) -> str:
+        """``PREFIX/DEVICE``."""
+        return f"{self.topic_prefix}/{self.device_id}"
+
+    def request_topic(self, model: str) -> str:
+        """Where clients publish requests for ``model``."""
+        return f"{self.base}/{model}/req"
+
+    @property
+    def subscription(self) -> str:
+        """The bridge's one subscription (every model; unknown ones get ``unknown_model``)."""
+        topic = f"{self.base}/+/req"
+        return f"$share/{self.shared_group}/{topic}" if self.shared_group else topic
+
+    @property
+    def status_topic(self) -> str:
+        """Retained online/offline; per client in a shared group (each bridge has its own)."""
+        own = f"/{self.connection.client_id}" if self.shared_group else ""
+        return f"{self.base}/status{own}"

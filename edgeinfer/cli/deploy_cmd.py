@@ -1,0 +1,124 @@
+"""``edgeinfer deploy PKG`` and ``edgeinfer rollback NAME``: packages to devices over MQTT.
+
+``deploy`` sends a signed package (``edgeinfer sign``) to the bridge of ``--device-id`` in
+chunks (QoS 1, each with its sha256; a second run after a broken one sends only what the
+device lacks) and waits until the device verified, loaded, warmed and smoke-checked it and
+serves it. ``rollback`` makes the device serve the package it served before. Exit 0 when the
+device serves the package, 1 when it refused it (the reason is printed), 2 on a usage or
+connection problem or no answer in time.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from edgeinfer.cli.common import EXIT_CHECK_FAILED, console, print_json
+
+__all__ = ["deploy", "rollback"]
+
+Broker = Annotated[str, typer.Option(help="mqtt://HOST:PORT, or mqtts://HOST:PORT for TLS")]
+Device = Annotated[str, typer.Option(help="the device's topic level (its bridge's --device-id)")]
+Prefix = Annotated[str, typer.Option(help="first topic level")]
+User = Annotated[str | None, typer.Option(envvar="EDGEINFER_MQTT_USERNAME", help="broker user")]
+Password = Annotated[
+    str | None,
+    typer.Option(envvar="EDGEINFER_MQTT_PASSWORD", show_default=False, help="broker password"),
+]
+TlsCa = Annotated[Path | None, typer.Option(help="CA file that signed the broker")]
+Timeout = Annotated[float, typer.Option(help="seconds to wait for the device's final answer")]
+JsonOut = Annotated[bool, typer.Option("--json", help="print the device's status as JSON")]
+
+
+def _connection(
+    broker: str, device_id: str, username: str | None, password: str | None, tls_ca: Path | None
+) -> Any:
+    from edgeinfer.bridge import Connection
+
+    # Stable per device: a re-run resumes the same persistent session (queued chunks kept).
+    client_id = f"edgeinfer-deploy-{socket.gethostname()}-{device_id}"[:128]
+    return Connection(
+        broker=broker,
+        client_id=client_id,
+        username=username,
+        password=password,
+        tls_ca=tls_ca,
+        session_expiry_s=600,
+    )
+
+
+def _report(outcome: Any, json_out: bool) -> None:
+    if json_out:
+        print_json(
+            {
+                **outcome.status,
+                "chunks_sent": outcome.chunks_sent,
+                "chunks_total": outcome.chunks_total,
+            }
+        )
+    if outcome.ok:
+        console.print(
+            f"{outcome.status.get('name')}: {outcome.status['state']} "
+            f"(digest {str(outcome.status.get('digest'))[:16]}, signer "
+            f"{outcome.status.get('signer')}; {outcome.chunks_sent} chunk(s) sent)"
+        )
+        return
+    console.print(f"[bold red]refused[/]: {outcome.status.get('message')}")
+    raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def deploy(
+    package: Annotated[Path, typer.Argument(help="a signed package folder")],
+    device_id: Device,
+    broker: Broker = "mqtt://127.0.0.1:1883",
+    as_name: Annotated[
+        str | None, typer.Option("--as", help="serve it under this name (default: folder name)")
+    ] = None,
+    topic_prefix: Prefix = "edgeinfer",
+    chunk_kib: Annotated[int, typer.Option(help="chunk size in KiB")] = 256,
+    username: User = None,
+    password: Password = None,
+    tls_ca: TlsCa = None,
+    timeout_s: Timeout = 600.0,
+    json_out: JsonOut = False,
+) -> None:
+    """Deploy a signed package to a device's bridge over MQTT."""
+    from edgeinfer.bridge import deploy_package
+
+    outcome = deploy_package(
+        package,
+        connection=_connection(broker, device_id, username, password, tls_ca),
+        device_id=device_id,
+        topic_prefix=topic_prefix,
+        name=as_name,
+        chunk_bytes=chunk_kib * 1024,
+        timeout_s=timeout_s,
+    )
+    _report(outcome, json_out)
+
+
+def rollback(
+    name: Annotated[str, typer.Argument(help="the served name to roll back")],
+    device_id: Device,
+    broker: Broker = "mqtt://127.0.0.1:1883",
+    topic_prefix: Prefix = "edgeinfer",
+    username: User = None,
+    password: Password = None,
+    tls_ca: TlsCa = None,
+    timeout_s: Timeout = 300.0,
+    json_out: JsonOut = False,
+) -> None:
+    """Make a device serve NAME's previous package again."""
+    from edgeinfer.bridge import rollback_package
+
+    outcome = rollback_package(
+        name,
+        connection=_connection(broker, device_id, username, password, tls_ca),
+        device_id=device_id,
+        topic_prefix=topic_prefix,
+        timeout_s=timeout_s,
+    )
+    _report(outcome, json_out)

@@ -1,0 +1,318 @@
+"""Every request kind over a real mosquitto, driven by a device written with plain paho:
+text (both vector encodings, the reply cache), a camera frame (JPEG) and a raw frame for an
+image classifier, a VAD-like stateful tensor stream, and streamed generation (chunks in order
+and complete, stop strings, cancel, the first-token deadline, busy)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from bridge_harness import CountingModel, FakeClock, Harness, Mosquitto, PahoPeer
+
+import edgeinfer
+from edgeinfer.bridge import Bridge, BridgeConfig, Connection
+from edgeinfer.bridge.images import frames_to_batch
+from edgeinfer.bridge.serving import StreamTable
+
+
+@pytest.fixture
+def serve(broker: Mosquitto) -> Iterator[Any]:
+    """``serve(device, models, **config)``: a started bridge, stopped after the test."""
+    bridges: list[Bridge] = []
+
+    def start(
+        device: str, models: dict[str, Any], *, clock_ms: Any = None, **options: Any
+    ) -> Bridge:
+        config = BridgeConfig(
+            connection=Connection(broker=broker.url, client_id=f"b-{device}"),
+            device_id=device,
+            metrics_interval_s=0,
+            **options,
+        )
+        extra = {} if clock_ms is None else {"clock_ms": clock_ms}
+        bridge = Bridge(models, config=config, **extra).start()
+        bridges.append(bridge)
+        return bridge
+
+    yield start
+    for bridge in bridges:
+        bridge.stop()
+
+
+@pytest.fixture
+def peer(broker: Mosquitto, request: pytest.FixtureRequest) -> Iterator[PahoPeer]:
+    device = PahoPeer(broker.port, request.node.name.replace("[", "-").replace("]", ""))
+    yield device
+    device.close()
+
+
+# -- text --------------------------------------------------------------------------------------
+
+
+def test_text_vectors_in_both_encodings_and_the_reply_cache(
+    serve: Any, peer: PahoPeer, harness: Harness
+) -> None:
+    counting = CountingModel(harness.model)
+    bridge = serve("kinds-text", {"minilm": counting}, reply_cache_bytes=1 << 20)
+    expected = harness.model.embed(["pump 4 vibration high"])[0]
+    shortest = peer.send("kinds-text", "minilm", {"id": "t1", "text": "pump 4 vibration high"})
+    packed = peer.send(
+        "kinds-text",
+        "minilm",
+        {"id": "t2", "text": "pump 4 vibration high", "encoding": "float32-base64"},
+    )
+    first, second = peer.final(shortest), peer.final(packed)
+    assert np.array_equal(np.asarray(first["result"][0], np.float32), expected)
+    assert np.array_equal(np.frombuffer(base64.b64decode(second["result"][0]), "<f4"), expected)
+    assert counting.calls == 2 and first["v"] == 1
+    # The same input again, under a new id: answered from the reply cache, no model run.
+    again = peer.final(
+        peer.send("kinds-text", "minilm", {"id": "t3", "text": "pump 4 vibration high"})
+    )
+    assert again["cached"] is True and again["result"] == first["result"]
+    assert counting.calls == 2 and bridge.worker.counts["reply_cache_hit"] == 1
+
+
+# -- images ------------------------------------------------------------------------------------
+
+
+def camera_jpeg() -> tuple[bytes, np.ndarray]:
+    """A real photo (scikit-learn's sample), 640x427, JPEG-encoded as a camera would send it."""
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    photo = load_sample_images().images[1]  # [427, 640, 3] uint8
+    buffer = io.BytesIO()
+    Image.fromarray(photo).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue(), photo
+
+
+def test_a_camera_frame_is_classified_end_to_end(
+    serve: Any, peer: PahoPeer, effnet_package: Path
+) -> None:
+    model = edgeinfer.load(effnet_package, threads=1)
+    serve("camera", {"effnet": model}, max_payload_bytes=2 << 20)  # a raw 640x427 frame
+    jpeg, photo = camera_jpeg()
+    encoded = peer.send(
+        "camera", "effnet", {"id": "frame-1", "image": {"format": "jpeg", "data": jpeg}}
+    )
+    raw = peer.send(
+        "camera",
+        "effnet",
+        {
+            "id": "frame-2",
+            "image": {"dtype": "uint8", "shape": list(photo.shape), "data": photo.tobytes()},
+        },
+    )
+    exact = np.zeros((224, 224, 3), np.uint8)
+    exact[50:150, 60:160] = 200
+    same_size = peer.send(
+        "camera",
+        "effnet",
+        {
+            "id": "frame-3",
+            "images": [{"dtype": "uint8", "shape": [224, 224, 3], "data": exact.tobytes()}],
+        },
+    )
+    bad = peer.send(
+        "camera", "effnet", {"id": "frame-4", "image": {"format": "png", "data": b"not a png"}}
+    )
+    from PIL import Image
+
+    decoded = np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"))
+    for correlation, frame in ((encoded, decoded), (raw, photo), (same_size, exact)):
+        reply = peer.final(correlation)
+        assert reply["ok"], reply
+        want = model.classify(frames_to_batch([frame], height=224, width=224))[0]
+        assert reply["result"][0]["label"] == want.label
+        assert reply["result"][0]["score"] == pytest.approx(want.score, abs=0.05)
+    assert peer.final(bad)["error"]["code"] == "bad_request"
+
+
+# -- tensors: a stateful stream ----------------------------------------------------------------
+
+
+def accumulator_graph(path: Path) -> Path:
+    """A stateful graph like a VAD's: out = state + x, and out is the next state."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def value(name: str) -> Any:
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4])
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["state", "x"], ["out"]),
+            helper.make_node("Identity", ["out"], ["state_out"]),
+        ],
+        "accumulator",
+        [value("x"), value("state")],
+        [value("out"), value("state_out")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+class Accumulator:
+    """The raw-package protocol (``run(feeds, *, stream=None)``, ``end_stream``) over a real
+    onnxruntime session; the state of each device stream is kept between requests."""
+
+    task = "raw"
+
+    def __init__(self, path: Path) -> None:
+        import onnxruntime as ort
+
+        self.session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        self.manifest = SimpleNamespace(digest="accumulator-1", precision="fp32", io={})
+        self.states: dict[str, np.ndarray] = {}
+        self.ended: list[str] = []
+        self.runs = 0
+
+    def run(
+        self, feeds: dict[str, np.ndarray], *, stream: str | None = None
+    ) -> dict[str, np.ndarray]:
+        self.runs += 1
+        state = self.states.get(stream or "", np.zeros((1, 4), np.float32))
+        out, new_state = self.session.run(None, {"x": feeds["x"], "state": state})
+        if stream is not None:
+            self.states[stream] = new_state
+        return {"out": out}
+
+    def end_stream(self, stream: str) -> None:
+        self.states.pop(stream, None)
+        self.ended.append(stream)
+
+
+def tensor(x: list[float]) -> dict[str, Any]:
+    array = np.asarray([x], np.float32)
+    return {"dtype": "float32", "shape": [1, 4], "data": array.tobytes()}
+
+
+def test_a_stateful_stream_keeps_its_state_per_device_stream(
+    serve: Any, peer: PahoPeer, tmp_path: Path
+) -> None:
+    model = Accumulator(accumulator_graph(tmp_path / "acc.onnx"))
+    serve("vad", {"vad": model})
+    frames = [
+        ("mic-1", [1, 0, 0, 0]),
+        ("mic-2", [0, 5, 0, 0]),
+        ("mic-1", [1, 1, 0, 0]),
+        ("mic-1", [1, 1, 1, 0]),
+        ("mic-2", [0, 5, 0, 0]),
+    ]
+    sent = [
+        peer.send("vad", "vad", {"id": f"f{i}", "inputs": {"x": tensor(x)}, "stream": s})
+        for i, (s, x) in enumerate(frames)
+    ]
+    replies = [peer.final(c) for c in sent]
+    outs = [np.frombuffer(r["result"]["out"]["data"], np.float32).tolist() for r in replies]
+    assert outs == [[1, 0, 0, 0], [0, 5, 0, 0], [2, 1, 0, 0], [3, 2, 1, 0], [0, 10, 0, 0]]
+    assert [r["stream"]["new"] for r in replies] == [True, True, False, False, False]
+    # A QoS 1 redelivery of a frame does not advance the state a second time.
+    repeat = peer.send(
+        "vad",
+        "vad",
+        {"id": "f3", "inputs": {"x": tensor([1, 1, 1, 0])}, "stream": "mic-1"},
+        correlation=b"again",
+    )
+    assert peer.final(repeat)["result"] == replies[3]["result"] and model.runs == 5
+    # A stateless request (no stream) is its own.
+    alone = peer.final(peer.send("vad", "vad", {"id": "s", "inputs": {"x": tensor([7, 0, 0, 0])}}))
+    assert np.frombuffer(alone["result"]["out"]["data"], np.float32).tolist() == [7, 0, 0, 0]
+
+
+def test_streams_are_bounded_and_expire() -> None:
+    clock = [0.0]
+    table = StreamTable(max_streams=2, idle_s=10.0, clock_s=lambda: clock[0])
+    model = SimpleNamespace(ended=[])
+    model.end_stream = model.ended.append
+    assert table.touch("vad", model, "a") and table.touch("vad", model, "b")
+    assert not table.touch("vad", model, "a")
+    assert table.touch("vad", model, "c")  # a third stream: the least recent (b) is dropped
+    assert model.ended == ["b"] and len(table) == 2
+    clock[0] = 11.0  # a and c idle for longer than idle_s
+    assert table.touch("vad", model, "a")  # expired, so it starts afresh
+    assert sorted(model.ended) == ["a", "b", "c"] and len(table) == 1
+
+
+# -- generate ----------------------------------------------------------------------------------
+
+
+class GatedModel:
+    """The real tiny decoder; each generation pauses after its first chunk until ``gate``."""
+
+    def __init__(self, model: edgeinfer.Model) -> None:
+        self.model, self.task, self.manifest = model, model.task, model.manifest
+        self.gate = threading.Event()
+        self.prompts: list[Any] = []
+
+    def stream(self, prompt: Any, **kwargs: Any) -> Iterator[Any]:
+        self.prompts.append(prompt)
+        for i, chunk in enumerate(self.model.stream(prompt, **kwargs)):
+            yield chunk
+            if i == 0:
+                assert self.gate.wait(60)
+
+
+def test_generation_streams_numbered_chunks_then_one_final(
+    serve: Any, peer: PahoPeer, tiny_decoder: Path
+) -> None:
+    model = edgeinfer.load(tiny_decoder, threads=1)
+    serve("assistant", {"tiny": model})
+    full = "".join(c.text for c in model.stream("the valve", max_new_tokens=40))
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    plain = peer.send(
+        "assistant", "tiny", {"id": "g1", "prompt": "the valve", "max_new_tokens": 40}
+    )
+    stopped = peer.send(
+        "assistant",
+        "tiny",
+        {"id": "g2", "prompt": "the valve", "max_new_tokens": 40, "stop": [stop]},
+    )
+    wrong = peer.send("assistant", "tiny", {"id": "g3", "text": "not a prompt"})
+    for correlation, text in ((plain, full), (stopped, full[: full.index(stop)])):
+        final = peer.final(correlation)
+        chunks = [m for m in peer.of(correlation) if "chunk" in m]
+        assert [c["chunk"] for c in chunks] == list(range(len(chunks)))
+        assert "".join(c["text"] for c in chunks) == final["result"]["text"] == text
+        assert final["done"] and final["result"]["chunks"] == len(chunks)
+        assert final["result"]["ttft_ms"] > 0 and final["result"]["completion_tokens"] > 0
+    assert peer.final(plain)["result"]["stop_reason"] in ("eos", "length")
+    assert peer.final(stopped)["result"]["stop_reason"] == "stop"
+    assert peer.final(wrong)["error"]["code"] == "wrong_kind"
+
+
+def test_cancel_first_token_deadline_and_busy(
+    serve: Any, peer: PahoPeer, tiny_decoder: Path
+) -> None:
+    gated = GatedModel(edgeinfer.load(tiny_decoder, threads=1))
+    clock = FakeClock()
+    bridge = serve("gen-control", {"tiny": gated}, clock_ms=clock, max_generate_queue=2)
+    running = peer.send("gen-control", "tiny", {"id": "long", "prompt": "a", "max_new_tokens": 60})
+    with peer._cond:
+        assert peer._cond.wait_for(lambda: peer.of(running), timeout=60)  # its first chunk
+    cancel = peer.final(peer.send("gen-control", "tiny", {"id": "c1", "cancel": "long"}))
+    assert cancel["result"] == {"cancelled": "long", "state": "running"}
+    late = peer.send(
+        "gen-control", "tiny", {"id": "late", "prompt": "b", "first_token_timeout_ms": 50}
+    )
+    queued = peer.send("gen-control", "tiny", {"id": "next", "prompt": "c", "max_new_tokens": 8})
+    busy = peer.send("gen-control", "tiny", {"id": "over", "prompt": "d"})
+    assert peer.final(busy)["error"]["code"] == "busy"
+    assert bridge.worker.lane("tiny").depth == 2
+    clock.advance(51)  # the queued 'late' request is now past its first-token deadline
+    gated.gate.set()
+    assert peer.final(running)["result"]["stop_reason"] == "cancelled"
+    assert peer.final(late)["error"]["code"] == "deadline_exceeded"
+    assert peer.final(queued)["ok"] and peer.final(queued)["result"]["completion_tokens"] > 0
+    assert gated.prompts == ["a", "c"]  # 'late' and 'over' never ran
