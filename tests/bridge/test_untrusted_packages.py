@@ -39,7 +39,7 @@ def test_names_that_leave_the_package_are_refused(name: str) -> None:
 
 def test_load_refuses_a_graph_outside_the_package(minilm_int8: Path, tmp_path: Path) -> None:
     package = escaping_package(minilm_int8, tmp_path)
-    with pytest.raises(IntegrityError, match="outside.onnx"):
+    with pytest.raises(IntegrityError, match=r"outside\.onnx"):
         edgeinfer.load(package)
     with pytest.raises(IntegrityError):  # not even without verification
         edgeinfer.load(package, verify=False)
