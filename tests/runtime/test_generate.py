@@ -16,7 +16,7 @@ from edgeinfer.export.lm import full_logits
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.generate import Generator
 from edgeinfer.runtime.sampling import Sampler
-from edgeinfer.runtime.tokenizer import Detokenizer
+from edgeinfer.runtime.streaming import TextStream
 
 PROMPTS = ["The market rose", "Chelsea won the cup after a long season of"]
 CHAT = [{"role": "user", "content": "Name three rivers in Europe."}]
@@ -85,10 +85,11 @@ def test_incremental_detokenization_never_splits_a_character(tiny: Generator) ->
     text = "Zürich — 東京 costs 5 € 🙂 naïve"
     ids = tiny.encode(text)
     assert len(ids) > len(text.split())  # multi-byte characters span several tokens
-    detok = Detokenizer(tiny._tok)
-    pieces = [detok.push(i) for i in ids]
+    stream = TextStream(tiny._tok, stops=())
+    pieces = [chunk.text for chunk in map(stream.push, ids) if chunk is not None]
     assert "".join(pieces) == text
     assert all("\ufffd" not in piece for piece in pieces)
+    assert len(pieces) < len(ids)  # a character's first bytes waited for its last ones
 
 
 def test_seed_makes_sampling_reproducible(tiny: Generator) -> None:
