@@ -139,6 +139,7 @@ def export_generate(run: _Run, partial: Path) -> None:
     with run.stage("convert"):
         model = lm.load_decoder(source)
         geo = decoder.DecoderGeometry.from_config(source.config, context_length=context)
+        context = geo.context_length  # rope scaling may stop a package at the original length
         fp32 = work / "fp32.onnx"
         decoder.build_graph(lm.state_numpy(model), geo, fp32)
         tok_info = lm.prepare_decoder_tokenizer(source, tokenizer)
@@ -157,7 +158,8 @@ def export_generate(run: _Run, partial: Path) -> None:
     )
     tok = Tokenizer.from_file(str(tokenizer))
     held = [
-        ids[:HELD_TOKENS] for ids in (tok.encode(t, add_special_tokens=False).ids for t in texts)
+        ids[: min(HELD_TOKENS, context)]
+        for ids in (tok.encode(t, add_special_tokens=False).ids for t in texts)
     ]
     held = [ids for ids in held if len(ids) > 1]
     with run.stage("parity"):

@@ -37,7 +37,8 @@ def load_decoder(source: Source) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"dtype": torch.float32}
+    # eager: the plain attention math (SDPA would drop Gemma 2's attention softcapping)
+    kwargs: dict[str, Any] = {"dtype": torch.float32, "attn_implementation": "eager"}
     if source.gguf_file:
         kwargs["gguf_file"] = source.gguf_file
     try:
