@@ -148,6 +148,7 @@ def export_generate(run: _Run, partial: Path) -> None:
         "max_seq_len": context,
         "source_context_length": source.max_seq_len,
         "stop_token_ids": tok_info["stop_token_ids"],
+        "add_bos_token": tok_info["add_bos_token"],
         "chat_format": tok_info["chat_format"],
         "chat_template": tok_info["chat_template"],
     }
@@ -157,8 +158,9 @@ def export_generate(run: _Run, partial: Path) -> None:
         else calibrate.builtin_text("held", min(options.held_count, MAX_HELD_TEXTS))
     )
     tok = Tokenizer.from_file(str(tokenizer))
+    bos = [tok_info["tokens"]["bos"]] if tok_info["add_bos_token"] else []  # as transformers
     held = [
-        ids[: min(HELD_TOKENS, context)]
+        (bos + ids)[: min(HELD_TOKENS, context)]
         for ids in (tok.encode(t, add_special_tokens=False).ids for t in texts)
     ]
     held = [ids for ids in held if len(ids) > 1]

@@ -95,6 +95,10 @@ class Generator:
             raise PackageError(f"cannot load the generate package {path}: {exc}") from exc
         self.stop_token_ids = frozenset(int(t) for t in io["stop_token_ids"])
         self.chat_format: dict[str, Any] | None = io.get("chat_format")
+        bos = manifest.tokens.get("bos")
+        # A plain-text prompt starts with BOS when the tokenizer adds one (chat templates
+        # write their own).
+        self._bos = [int(bos)] if io.get("add_bos_token") and bos is not None else []
         self.cache = KVCache(
             io, capacity=self.context_length, device=device_for(self._session.get_providers())
         )
@@ -151,7 +155,8 @@ class Generator:
         text = prompt if isinstance(prompt, str) else self.render_chat(prompt)
         if not text:
             raise InputError("the prompt is empty")
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+        ids = list(self._tok.encode(text, add_special_tokens=False).ids)
+        return self._bos + ids if isinstance(prompt, str) else ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` (special tokens dropped)."""
@@ -214,6 +219,8 @@ class Generator:
         """The ids of the chat template's start plus the system message, when ``prompt`` is a
         chat with one (its own or the template's default) and ``ids`` start with them."""
         if isinstance(prompt, str) or not prompt or self.chat_format is None:
+            return []
+        if "jinja" in self.chat_format:  # no per-message pattern to cut the system part with
             return []
         system = prompt[0].get("content") if prompt[0].get("role") == "system" else None
         system = system if system is not None else self.chat_format.get("default_system")
