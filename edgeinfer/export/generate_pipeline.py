@@ -17,12 +17,18 @@ import numpy as np
 
 from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import AccuracyGateError, SlowerQuantizationError
-from edgeinfer.export import calibrate, decoder, lm, package, quantize
+from edgeinfer.export import calibrate, decoder, decoder_embed, lm, package, quantize
 
 if TYPE_CHECKING:
     from edgeinfer.export.pipeline import _Run
 
-__all__ = ["GATE_MAX_PPL_INCREASE", "GATE_MIN_AGREEMENT", "VARIANTS", "export_generate"]
+__all__ = [
+    "DEFAULT_VARIANTS",
+    "GATE_MAX_PPL_INCREASE",
+    "GATE_MIN_AGREEMENT",
+    "VARIANTS",
+    "export_generate",
+]
 
 GATE_MAX_PPL_INCREASE = 0.03  # perplexity at most +3 % over the fp32 graph on held text
 GATE_MIN_AGREEMENT = 0.95  # greedy next-token agreement with the fp32 graph
@@ -63,6 +69,17 @@ def _int4_int8_head(fp32: Path, out: Path) -> None:
     quantize.quantize_weight_only(mid, out, bits=8, include=[_HEAD])
 
 
+def _int8_embed(build: Callable[[Path, Path], None]) -> Callable[[Path, Path], None]:
+    """``build``, then the embedding table in 8-bit blocks (shared with an 8-bit tied head)."""
+
+    def run(fp32: Path, out: Path) -> None:
+        mid = out.with_suffix(".fp32-embed.onnx")
+        build(fp32, mid)
+        decoder_embed.quantize_embedding(mid, out)
+
+    return run
+
+
 # name -> (builder, manifest quantization description)
 VARIANTS: dict[str, tuple[Callable[[Path, Path], None], dict[str, Any]]] = {
     "int8-dynamic": (
@@ -89,6 +106,22 @@ VARIANTS: dict[str, tuple[Callable[[Path, Path], None], dict[str, Any]]] = {
         _int8_fp32_head_edges,
         {"mode": "matmulnbits", "bits": 8, "block_size": 32, "excluded": "lm_head, layers 0, -1"},
     ),
+    # The embedding table in 8-bit blocks too (llama.cpp's Q8_0 layout): the package shrinks
+    # by 3/4 of the table (Gemma 3 270M: 977 -> 330 MB), decode speed unchanged.
+    "int8-weight-only-int8-embed": (
+        _int8_embed(lambda a, b: quantize.quantize_weight_only(a, b, bits=8)),
+        {"mode": "matmulnbits", "bits": 8, "block_size": 32, "embedding": "int8 blocks"},
+    ),
+    "int8-weight-only-fp32-head-edges-int8-embed": (
+        _int8_embed(_int8_fp32_head_edges),
+        {
+            "mode": "matmulnbits",
+            "bits": 8,
+            "block_size": 32,
+            "excluded": "lm_head, layers 0, -1",
+            "embedding": "int8 blocks",
+        },
+    ),
     "int4-weight-only-int8-head": (
         _int4_int8_head,
         {"mode": "matmulnbits", "bits": 4, "lm_head_bits": 8, "block_size": 32},
@@ -98,6 +131,11 @@ VARIANTS: dict[str, tuple[Callable[[Path, Path], None], dict[str, Any]]] = {
         {"mode": "matmulnbits", "bits": 4, "block_size": 32, "symmetric": True},
     ),
 }
+
+
+# Tried when no variants are named: the int8-embedding ones are asked for by name (a recipe),
+# so that a default export chooses as it did before they existed.
+DEFAULT_VARIANTS = tuple(name for name in VARIANTS if not name.endswith("-int8-embed"))
 
 
 def _session(graph: Path, threads: int | None) -> Any:
@@ -172,7 +210,7 @@ def export_generate(run: _Run, partial: Path) -> None:
     quant_info: dict[str, dict[str, Any]] = {"fp32": {"mode": "none"}}
     if options.quantize != "none":
         with run.stage("quantize"):
-            for name in options.variants or tuple(VARIANTS):
+            for name in options.variants or DEFAULT_VARIANTS:
                 build, info = VARIANTS[name]
                 graphs[name] = work / f"{name}.onnx"
                 build(fp32, graphs[name])
