@@ -26,7 +26,7 @@ from edgeinfer.errors import EdgeInferError, MissingDependencyError
 
 __all__ = ["main"]
 
-Measure = Callable[[], dict[str, Any]]
+Measure = Callable[[bool], dict[str, Any]]  # (with the token ids) -> one run
 
 
 def _package(spec: dict[str, Any]) -> Measure:
@@ -42,7 +42,7 @@ def _package(spec: dict[str, Any]) -> Measure:
         context_length=len(ids) + tokens + 1,
     )
 
-    def measure() -> dict[str, Any]:
+    def measure(with_tokens: bool) -> dict[str, Any]:
         gen.forget_prefix()  # a cold prefill every run
         started = time.perf_counter()
         token = int(np.argmax(gen.prefill(ids)))
@@ -89,12 +89,13 @@ def _llamacpp(spec: dict[str, Any]) -> Measure:
         "temperature": 0.0,
         "ignore_eos": True,
         "cache_prompt": False,  # a cold prefill every run
-        "return_tokens": True,
         "stream": False,
     }
 
-    def measure() -> dict[str, Any]:
-        reply = server.handle_completions(request)
+    def measure(with_tokens: bool) -> dict[str, Any]:
+        # The ids come with the top-1 log-probabilities: a softmax over the vocabulary per
+        # token, so only the untimed first run asks for them.
+        reply = server.handle_completions({**request, "n_probs": 1 if with_tokens else 0})
         if "error" in reply or "timings" not in reply:
             raise EdgeInferError(f"llama.cpp failed: {reply.get('error', reply)}")
         timings = reply["timings"]
@@ -104,7 +105,10 @@ def _llamacpp(spec: dict[str, Any]) -> Measure:
         return {
             "ttft_ms": float(timings["prompt_ms"]),
             "decode_tokens_per_s": steps / float(timings["predicted_ms"]) * 1e3,
-            "token_ids": [int(t) for t in reply.get("tokens", [])],
+            "token_ids": [
+                int(p["id"])
+                for p in ((reply["choices"][0].get("logprobs") or {}).get("content") or [])
+            ],
         }
 
     return measure
@@ -120,7 +124,7 @@ def main() -> int:
     spec = json.loads(sys.stdin.readline())
     started = time.perf_counter()
     measure = _llamacpp(spec) if spec["kind"] == "llamacpp" else _package(spec)
-    first = measure()
+    first = measure(True)
     path = Path(spec["path"])
     files = [path] if path.is_file() else [p for p in path.iterdir() if p.is_file()]
 
@@ -140,8 +144,8 @@ def main() -> int:
         if command["cmd"] == "quit":
             break
         for _ in range(int(command["warmup"])):
-            measure()
-        runs = [measure() for _ in range(int(command["runs"]))]
+            measure(False)
+        runs = [measure(False) for _ in range(int(command["runs"]))]
         # ru_maxrss is in KiB on Linux: the peak resident memory of this engine's process.
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         reply({"runs": runs, "peak_rss_bytes": peak_rss})
