@@ -114,6 +114,18 @@ def _llamacpp(spec: dict[str, Any]) -> Measure:
     return measure
 
 
+def _peak_rss_bytes() -> int:
+    """This process's peak resident memory: VmHWM, the high-water mark of its own address
+    space. (``ru_maxrss`` would keep the parent's peak across fork + exec.)"""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
 def main() -> int:
     """Serve one engine until ``quit``; return the exit code."""
     # The protocol owns the real stdout; anything else written to fd 1 (llama.cpp's C code
@@ -146,9 +158,7 @@ def main() -> int:
         for _ in range(int(command["warmup"])):
             measure(False)
         runs = [measure(False) for _ in range(int(command["runs"]))]
-        # ru_maxrss is in KiB on Linux: the peak resident memory of this engine's process.
-        peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        reply({"runs": runs, "peak_rss_bytes": peak_rss})
+        reply({"runs": runs, "peak_rss_bytes": _peak_rss_bytes()})
     return 0
 
 
