@@ -76,6 +76,7 @@ def _int8_embed(build: Callable[[Path, Path], None]) -> Callable[[Path, Path], N
         mid = out.with_suffix(".fp32-embed.onnx")
         build(fp32, mid)
         decoder_embed.quantize_embedding(mid, out)
+        mid.unlink()  # a large model's intermediate graph is most of a gigabyte
 
     return run
 

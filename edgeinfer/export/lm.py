@@ -4,6 +4,7 @@ for the package, and the quality measures of the gate (perplexity, next-token ag
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,24 @@ def _folder_tokenizer(source: Source) -> tuple[Any, dict[str, Any]]:
     }
 
 
+def _config_eos(source: Source) -> set[int]:
+    """The end-of-generation ids of the model's config and generation_config.json (Gemma's
+    and Llama 3's instruct models end a turn with a token other than the tokenizer's eos)."""
+    found: set[int] = set()
+    if source.gguf_file:  # the file's own tokenizer metadata says it (transformers' reading
+        return found  # of a GGUF may name another token)
+    configs = [source.config]
+    generation = source.path / "generation_config.json"
+    if generation.is_file():
+        configs.append(json.loads(generation.read_text()))
+    for config in configs:
+        value = config.get("eos_token_id")
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, int):
+                found.add(item)
+    return found
+
+
 def prepare_decoder_tokenizer(source: Source, out_path: Path) -> dict[str, Any]:
     """Write the package tokenizer; return ``tokens`` (bos/eos/pad), ``add_bos_token`` (BOS
     before a plain-text prompt), the stop ids and the chat template (jinja source and the
@@ -112,7 +131,7 @@ def prepare_decoder_tokenizer(source: Source, out_path: Path) -> dict[str, Any]:
     if meta["eos"] is None:
         raise ConversionError(f"{source.name} names no eos token")
     tok.save(str(out_path))
-    stops = {int(meta["eos"])}
+    stops = {int(meta["eos"]), *_config_eos(source)}
     end_of_text = tok.token_to_id("<|endoftext|>")
     if end_of_text is not None:
         stops.add(int(end_of_text))  # base-model end marker: also ends a chat turn

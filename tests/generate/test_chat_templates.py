@@ -165,3 +165,15 @@ def test_bos_template_package_prompts_match_transformers(
     assert gen.encode(chat)[0] == hf.bos_token_id  # the BOS {{ bos_token }} writes
     assert gen.encode("The market rose") == hf("The market rose").input_ids  # BOS added
     assert gen.generate(chat, max_new_tokens=4).prompt_tokens == len(expected)
+
+
+def test_generation_config_end_of_turn_stops_generation(
+    templated: dict[str, Any], tmp_path: Path
+) -> None:
+    folder = tmp_path / "gemma-it"
+    shutil.copytree(templated["gemma"], folder)
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    eos, end_of_turn = tok.token_to_id("<eos>"), tok.token_to_id("<end_of_turn>")
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, end_of_turn]}))
+    info = prepare_decoder_tokenizer(resolve_source(str(folder)), tmp_path / "tokenizer.json")
+    assert {eos, end_of_turn} <= set(info["stop_token_ids"])
