@@ -56,6 +56,10 @@ class Generator(Decoder):
         except Exception as exc:  # tokenizers raises a bare Exception on parse errors
             raise PackageError(f"cannot load the generate package {path}: {exc}") from exc
         self.chat_format: dict[str, Any] | None = self.io.chat_format
+        bos = manifest.tokens.get("bos")
+        # A plain-text prompt starts with BOS when the tokenizer adds one (chat templates
+        # write their own).
+        self._bos = [int(bos)] if self.io.add_bos_token and bos is not None else []
         # One cache, one sequence at a time: a request holds it until its stream ends (a stream
         # left unfinished releases it when closed or collected).
         self._lock = threading.Lock()
@@ -84,7 +88,8 @@ class Generator(Decoder):
         text = prompt if isinstance(prompt, str) else self.render_chat(prompt)
         if not text:
             raise InputError("the prompt is empty")
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+        ids = list(self._tok.encode(text, add_special_tokens=False).ids)
+        return self._bos + ids if isinstance(prompt, str) else ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` (special tokens dropped)."""

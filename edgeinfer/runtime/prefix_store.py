@@ -170,6 +170,8 @@ def system_text(chat_format: Mapping[str, Any] | None, prompt: Prompt) -> str | 
     template's default) when ``prompt`` is a chat that has one: the prefix worth storing."""
     if isinstance(prompt, str) or not prompt or chat_format is None:
         return None
+    if "jinja" in chat_format:  # no per-message pattern to cut the system part with
+        return None
     system = prompt[0].get("content") if prompt[0].get("role") == "system" else None
     system = system if system is not None else chat_format.get("default_system")
     if not isinstance(system, str):

@@ -14,13 +14,19 @@ import numpy as np
 
 from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import ConfigError
-from edgeinfer.export import calibrate, decoder_graph, lm, package, quantize
+from edgeinfer.export import calibrate, decoder_embed, decoder_graph, lm, package, quantize
 from edgeinfer.export.builders.base import Builder
 from edgeinfer.export.context import Candidate, Quality
 from edgeinfer.export.options import DecoderOptions
 from edgeinfer.package_io import DecoderIO
 
-__all__ = ["GATE_MAX_PPL_INCREASE", "GATE_MIN_AGREEMENT", "VARIANTS", "DecoderBuilder"]
+__all__ = [
+    "DEFAULT_VARIANTS",
+    "GATE_MAX_PPL_INCREASE",
+    "GATE_MIN_AGREEMENT",
+    "VARIANTS",
+    "DecoderBuilder",
+]
 
 GATE_MAX_PPL_INCREASE = 0.03  # perplexity at most +3 % over the fp32 graph on held text
 GATE_MIN_AGREEMENT = 0.95  # greedy next-token agreement with the fp32 graph
@@ -62,6 +68,18 @@ def _int4_int8_head(fp32: Path, out: Path) -> None:
     quantize.quantize_weight_only(mid, out, bits=8, include=[_HEAD])
 
 
+def _int8_embed(build: Callable[[Path, Path], None]) -> Callable[[Path, Path], None]:
+    """``build``, then the embedding table in 8-bit blocks (shared with an 8-bit tied head)."""
+
+    def run(fp32: Path, out: Path) -> None:
+        mid = out.with_suffix(".fp32-embed.onnx")
+        build(fp32, mid)
+        decoder_embed.quantize_embedding(mid, out)
+        mid.unlink()  # a large model's intermediate graph is most of a gigabyte
+
+    return run
+
+
 # name -> (builder, manifest quantization description)
 VARIANTS: dict[str, tuple[Callable[[Path, Path], None], dict[str, Any]]] = {
     "int8-dynamic": (
@@ -88,6 +106,22 @@ VARIANTS: dict[str, tuple[Callable[[Path, Path], None], dict[str, Any]]] = {
         _int8_fp32_head_edges,
         {"mode": "matmulnbits", "bits": 8, "block_size": 32, "excluded": "lm_head, layers 0, -1"},
     ),
+    # The embedding table in 8-bit blocks too (llama.cpp's Q8_0 layout): the package shrinks
+    # by 3/4 of the table (Gemma 3 270M: 977 -> 330 MB), decode speed unchanged.
+    "int8-weight-only-int8-embed": (
+        _int8_embed(lambda a, b: quantize.quantize_weight_only(a, b, bits=8)),
+        {"mode": "matmulnbits", "bits": 8, "block_size": 32, "embedding": "int8 blocks"},
+    ),
+    "int8-weight-only-fp32-head-edges-int8-embed": (
+        _int8_embed(_int8_fp32_head_edges),
+        {
+            "mode": "matmulnbits",
+            "bits": 8,
+            "block_size": 32,
+            "excluded": "lm_head, layers 0, -1",
+            "embedding": "int8 blocks",
+        },
+    ),
     "int4-weight-only-int8-head": (
         _int4_int8_head,
         {"mode": "matmulnbits", "bits": 4, "lm_head_bits": 8, "block_size": 32},
@@ -97,6 +131,11 @@ VARIANTS: dict[str, tuple[Callable[[Path, Path], None], dict[str, Any]]] = {
         {"mode": "matmulnbits", "bits": 4, "block_size": 32, "symmetric": True},
     ),
 }
+
+
+# Tried when no variants are named: the int8-embedding ones are asked for by name (a recipe),
+# so that a default export chooses as it did before they existed.
+DEFAULT_VARIANTS = tuple(name for name in VARIANTS if not name.endswith("-int8-embed"))
 
 
 def _session(graph: Path, threads: int | None) -> Any:
@@ -150,7 +189,7 @@ class DecoderBuilder(Builder):
     def build(self) -> None:
         run = self.run
         opts = run.options.builder if isinstance(run.options.builder, DecoderOptions) else None
-        variants = (opts.variants if opts else None) or tuple(VARIANTS)
+        variants = (opts.variants if opts else None) or DEFAULT_VARIANTS
         unknown = [v for v in variants if v not in VARIANTS]
         if unknown:
             raise ConfigError(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")
@@ -163,6 +202,8 @@ class DecoderBuilder(Builder):
         with run.stage("convert"):
             model = lm.load_decoder(source)
             geo = decoder_graph.DecoderGeometry.from_config(source.config, context_length=context)
+            context = geo.context_length  # rope scaling may stop a package at the original length
+            self.context = context
             fp32_graph = work / "fp32.onnx"
             decoder_graph.build_graph(lm.state_numpy(model), geo, fp32_graph)
             self.tok_info = lm.prepare_decoder_tokenizer(source, self.tokenizer)
@@ -195,8 +236,10 @@ class DecoderBuilder(Builder):
             else calibrate.builtin_text("held", min(opts.held_count, MAX_HELD_TEXTS))
         )
         tok = Tokenizer.from_file(str(self.tokenizer))
+        info = self.tok_info
+        bos = [info["tokens"]["bos"]] if info["add_bos_token"] else []  # as transformers
         held = [
-            ids[:HELD_TOKENS]
+            (bos + ids)[: min(HELD_TOKENS, self.context)]
             for ids in (tok.encode(t, add_special_tokens=False).ids for t in texts)
         ]
         return [ids for ids in held if len(ids) > 1]
@@ -214,6 +257,7 @@ class DecoderBuilder(Builder):
             stop_token_ids=tuple(self.tok_info["stop_token_ids"]),
             chat_format=self.tok_info["chat_format"],
             chat_template=self.tok_info["chat_template"],
+            add_bos_token=bool(self.tok_info["add_bos_token"]),
             num_layers=fields["num_layers"],
             num_kv_heads=fields["num_kv_heads"],
             head_dim=fields["head_dim"],
