@@ -7,7 +7,10 @@ As ``llama-quantize --pure`` does for Q8_0, every 2-D weight (the token embeddin
 becomes Q8_0 and the 1-D norms stay F32. The values are those of the source file (a Q4_K_M file
 re-quantized to Q8_0 keeps its Q4 rounding), so both engines compute the same model.
 
-    python tools/gguf_requantize.py IN.gguf OUT.gguf [--type Q8_0]
+A llama.cpp Q4_0 file keeps the token embedding at Q8_0 (``llama-quantize`` does for small
+models): ``--type Q4_0 --keep token_embd.weight=Q8_0``.
+
+    python tools/gguf_requantize.py IN.gguf OUT.gguf [--type Q8_0] [--keep NAME=TYPE ...]
 """
 
 from __future__ import annotations
@@ -19,13 +22,16 @@ from pathlib import Path
 import numpy as np
 
 
-def requantize(src: Path, dst: Path, qtype_name: str = "Q8_0") -> Path:
-    """Write ``dst``: ``src`` with its 2-D weights in ``qtype_name``."""
+def requantize(
+    src: Path, dst: Path, qtype_name: str = "Q8_0", keep: dict[str, str] | None = None
+) -> Path:
+    """Write ``dst``: ``src`` with its 2-D weights in ``qtype_name`` (tensors named in ``keep``
+    in the type given there)."""
     import gguf
     from gguf.quants import dequantize, quantize
 
     qtype = gguf.GGMLQuantizationType[qtype_name]
-    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    types = {k: gguf.GGMLQuantizationType[v] for k, v in (keep or {}).items()}
     reader = gguf.GGUFReader(str(src))
     arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
     writer = gguf.GGUFWriter(str(dst), arch=arch)
@@ -40,8 +46,9 @@ def requantize(src: Path, dst: Path, qtype_name: str = "Q8_0") -> Path:
         writer.add_key_value(field.name, value, main, sub_type=sub)
     for tensor in reader.tensors:
         weights = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)  # [rows, cols]
-        if weights.ndim >= 2 and weights.shape[-1] % block == 0:
-            writer.add_tensor(tensor.name, quantize(weights, qtype), raw_dtype=qtype)
+        wanted = types.get(tensor.name, qtype)
+        if weights.ndim >= 2 and weights.shape[-1] % gguf.GGML_QUANT_SIZES[wanted][0] == 0:
+            writer.add_tensor(tensor.name, quantize(weights, wanted), raw_dtype=wanted)
         else:  # norms and odd shapes stay float32
             writer.add_tensor(tensor.name, weights)
     writer.write_header_to_file()
@@ -56,5 +63,7 @@ if __name__ == "__main__":
     parser.add_argument("src", type=Path)
     parser.add_argument("dst", type=Path)
     parser.add_argument("--type", default="Q8_0", help="ggml type name (default Q8_0)")
+    parser.add_argument("--keep", nargs="*", default=[], help="NAME=TYPE: a tensor's own type")
     args = parser.parse_args()
-    print(requantize(args.src, args.dst, args.type), file=sys.stdout)
+    keep = dict(item.split("=", 1) for item in args.keep)
+    print(requantize(args.src, args.dst, args.type, keep), file=sys.stdout)

@@ -37,17 +37,19 @@ def _shared_head(graph: Any, table: np.ndarray, inits: dict[str, Any]) -> Any | 
     if head is None or head.op_type != "MatMulNBits" or len(head.input) != 3:
         return None
     attrs = _attrs(head)
-    if attrs.get("bits") != 8 or attrs.get("block_size") != _BLOCK:
+    block = int(attrs.get("block_size", 0))
+    if attrs.get("bits") != 8 or not block or table.shape[1] % block:
         return None
     vocab, hidden = table.shape
-    q = numpy_helper.to_array(inits[head.input[1]]).astype(np.float32)  # [V, d/32, 32]
-    scales = numpy_helper.to_array(inits[head.input[2]]).reshape(vocab, hidden // _BLOCK, 1)
+    q = numpy_helper.to_array(inits[head.input[1]]).astype(np.float32)  # [V, d/blk, blk]
+    scales = numpy_helper.to_array(inits[head.input[2]]).reshape(vocab, hidden // block, 1)
     error = np.abs((q - 128) * scales - table.reshape(q.shape))
     return head if bool((error <= 1.01 * np.abs(scales) + 1e-12).all()) else None  # tied
 
 
-def quantize_embedding(graph_path: Path, out_path: Path) -> None:
-    """Write ``graph_path`` with its embedding gathered from 8-bit blocks to ``out_path``."""
+def quantize_embedding(graph_path: Path, out_path: Path, *, block_size: int = _BLOCK) -> None:
+    """Write ``graph_path`` with its embedding gathered from 8-bit blocks to ``out_path``
+    (blocks of ``block_size`` when the table is quantized on its own)."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -59,8 +61,9 @@ def quantize_embedding(graph_path: Path, out_path: Path) -> None:
         raise ConversionError(f"{graph_path} has no float32 embedding Gather to quantize")
     table = numpy_helper.to_array(inits[_TABLE]).astype(np.float32)  # [V, d]
     vocab, hidden = table.shape
-    blocks = hidden // _BLOCK
     head = _shared_head(graph, table, inits)
+    block = int(_attrs(head)["block_size"]) if head is not None else block_size
+    blocks = hidden // block
     new_nodes = []
     if head is not None:  # the head's [V, d/32, 32] bytes; its scales seen as [V, d/32, 1]
         data, axis = head.input[1], 2
@@ -75,9 +78,9 @@ def quantize_embedding(graph_path: Path, out_path: Path) -> None:
         )
         scales, gathered = "/embed/scales", "/embed/blocks"
     else:  # symmetric 8-bit blocks along the hidden axis, zero point 128 (the op's default)
-        amax = np.abs(table.reshape(vocab, blocks, _BLOCK)).max(-1)  # [V, d/32]
+        amax = np.abs(table.reshape(vocab, blocks, block)).max(-1)  # [V, d/32]
         step = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
-        q = np.rint(table.reshape(vocab, blocks, _BLOCK) / step[..., None]) + 128
+        q = np.rint(table.reshape(vocab, blocks, block) / step[..., None]) + 128
         graph.initializer.extend(
             [
                 numpy_helper.from_array(q.reshape(vocab, hidden).astype(np.uint8), f"{_TABLE}_Q8"),
@@ -93,7 +96,7 @@ def quantize_embedding(graph_path: Path, out_path: Path) -> None:
             name="/embed/GatherBlockQuantized",
             domain="com.microsoft",
             bits=8,
-            block_size=_BLOCK,
+            block_size=block,
             gather_axis=0,
             quantize_axis=axis,
         )

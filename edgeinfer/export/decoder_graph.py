@@ -11,11 +11,27 @@ directly from the weights, as onnxruntime-genai's model builder does, with
 ``[K, N]`` initializer that the int8/int4 quantizers understand. What differs between families
 (Llama, Mistral, Qwen 2/3, Gemma 1/2/3, Phi-3) is read in ``decoder_families.py``.
 
-Graph I/O (batch B, new tokens S, KV buffer length P, total length T)::
+Graph I/O (batch B, new tokens S, KV buffer length P, mask length T, logits kept R)::
 
     input_ids [B, S] int64, attention_mask [B, T] int64, position_ids [B, S] int64,
-    past_key_values.{i}.key|value [B, H_kv, P, D] float32
-    -> logits [B, S, V] float32, present.{i}.key|value [B, H_kv, max(P, T), D] float32
+    logits_to_keep [1] int64 (R), past_key_values.{i}.key|value [B, H_kv, P, D] float32
+    -> logits [B, R, V] float32, next_tokens [B, R] int64 (their argmax),
+       present.{i}.key|value [B, H_kv, max(P, T), D] float32
+
+The mask's ones mark the positions in use (their count is the valid length, which
+``GroupQueryAttention`` reads); it may run longer than them with zeros, so a runtime binds one
+mask for the whole cache. ``GroupQueryAttention`` is fed one row more than the new tokens (the
+last one repeated, writing its keys/values one position past the valid length, where the next
+step writes): onnxruntime computes a single query row with another float summation order than
+several rows, and an int8-activation model amplifies that 1e-7 into logits that differ by ~0.5,
+so a one-token step and a many-token verification of drafted tokens would choose different
+greedy tokens at near-ties. With two rows or more everywhere, every position's logits and
+keys/values are the same bits however the tokens are grouped into runs (so ``present`` holds
+one position more than the mask: the cache needs one spare position).
+
+Logits are computed for the last R new positions only: a prompt needs its last row, a
+verification of drafted tokens every row; greedy decoding reads ``next_tokens`` and never
+copies the logits out.
 """
 
 from __future__ import annotations
@@ -56,6 +72,8 @@ def io_fields(geo: DecoderGeometry) -> dict[str, Any]:
             [f"past_key_values.{i}.key", f"past_key_values.{i}.value"] for i in range(geo.layers)
         ],
         "present_names": [[f"present.{i}.key", f"present.{i}.value"] for i in range(geo.layers)],
+        "logits_input": "logits_to_keep",
+        "argmax_output": "next_tokens",
     }
 
 
@@ -146,6 +164,7 @@ def _attention(g: _Graph, i: int, x: str) -> str:
             _head_norm(g, f"/l{i}/k", f"{p}.k_norm.weight", f"{n}/k_norm"),
             f"/l{i}/v",
         ]
+    qkv_in = [_extra_row(g, x, f"{n}/ExtraRow{k}") if x else x for k, x in enumerate(qkv_in)]
     window = geo.windows[i] if geo.windows else -1
     cache = "local" if geo.rope_local is not None and window > 0 else "global"
     attrs: dict[str, Any] = {"softcap": geo.attn_softcap} if geo.attn_softcap else {}
@@ -159,9 +178,9 @@ def _attention(g: _Graph, i: int, x: str) -> str:
             "total_len",
             f"cos_cache_{cache}",
             f"sin_cache_{cache}",
-            "position_ids",
+            "position_ids_extra",
         ],
-        [f"/l{i}/attn", f"present.{i}.key", f"present.{i}.value"],
+        [f"/l{i}/attn_extra", f"present.{i}.key", f"present.{i}.value"],
         f"{n}/GroupQueryAttention",
         num_heads=geo.heads,
         kv_num_heads=geo.kv_heads,
@@ -171,7 +190,18 @@ def _attention(g: _Graph, i: int, x: str) -> str:
         local_window_size=window,
         **attrs,
     )
+    g.node(
+        "Slice",
+        [f"/l{i}/attn_extra", "zero_i64", "minus_one_i64", "axes_1"],
+        [f"/l{i}/attn"],
+        f"{n}/DropExtraRow",
+    )
     return g.linear(f"/l{i}/attn", [f"{p}.o_proj"], f"/l{i}/attn_out", f"{n}/o_proj")
+
+
+def _extra_row(g: _Graph, x: str, name: str) -> str:
+    """``x`` [B, S, W] with its last row repeated: [B, S + 1, W]."""
+    return g.node("Pad", [x, "extra_row_pads"], [f"{name}/out"], name, mode="edge")
 
 
 def _head_norm(g: _Graph, x: str, key: str, name: str) -> str:
@@ -210,24 +240,44 @@ def _inputs(g: _Graph) -> str:
     embed = g.const("model.embed_tokens.weight", g.get("model.embed_tokens.weight"))  # [V, d]
     for kind, spec in (("global", geo.rope), ("local", geo.rope_local)):
         if spec is not None:
-            cos, sin = rope_tables(spec, geo.context_length)
+            # Two rows past the context: GroupQueryAttention checks the tables against its
+            # total length, the runtime's mask (the cache, one spare position) plus the extra row.
+            cos, sin = rope_tables(spec, geo.context_length + 2)
             g.const(f"cos_cache_{kind}", cos)
             g.const(f"sin_cache_{kind}", sin)
-    g.const("one_i64", np.array([1], np.int64))
     g.const("axes_1", np.array([1], np.int64))
+    g.const("one_scalar_i64", np.array(1, np.int64))
     g.const("idx_1", np.array(1, np.int64))
     x = g.node("Gather", [embed, "input_ids"], ["embeds"], "/embed/Gather")
     if geo.embed_scale is not None:  # in the weights' dtype, as transformers does
         scale = g.const("embed_scale", np.array(geo.embed_scale, np.float32))
         x = g.node("Mul", [x, scale], ["embeds_scaled"], "/embed/Mul")
-    # seqlens_k: [B] int32 = valid length - 1; total_sequence_length: scalar int32 = T.
+    # GroupQueryAttention sees the new tokens plus the last one repeated (see the module's
+    # docstring), so its lengths count one position more than the mask's:
+    # seqlens_k: [B] int32 = valid length + 1 - 1; total_sequence_length: scalar int32 =
+    # max(T, valid length + 1): a bound within the runtime's cache buffer (T, its length,
+    # holds the spare position), exact for a graph run without one (an empty past).
+    g.const("zero_i64", np.array([0], np.int64))
+    g.const("minus_one_i64", np.array([-1], np.int64))
+    g.const("extra_row_pads", np.array([0, 0, 0, 0, 1, 0], np.int64))
     g.node("ReduceSum", ["attention_mask", "axes_1"], ["mask_sum"], "/mask/ReduceSum", keepdims=0)
-    g.node("Sub", ["mask_sum", "one_i64"], ["seqlens_k_64"], "/mask/Sub")
-    g.node("Cast", ["seqlens_k_64"], ["seqlens_k"], "/mask/Cast", to=TensorProto.INT32)
+    g.node("Cast", ["mask_sum"], ["seqlens_k"], "/mask/Cast", to=TensorProto.INT32)
     g.node("Shape", ["attention_mask"], ["mask_shape"], "/mask/Shape")
-    g.node("Gather", ["mask_shape", "idx_1"], ["total_64"], "/mask/Gather", axis=0)
+    g.node("Gather", ["mask_shape", "idx_1"], ["mask_len"], "/mask/Gather", axis=0)
+    g.node("ReduceMax", ["mask_sum"], ["valid_max"], "/mask/ReduceMax", keepdims=0)
+    g.node("Add", ["valid_max", "one_scalar_i64"], ["needed"], "/mask/Add")
+    g.node("Max", ["mask_len", "needed"], ["total_64"], "/mask/Max")
     g.node("Cast", ["total_64"], ["total_len"], "/mask/CastTotal", to=TensorProto.INT32)
+    pads = g.const("extra_position_pads", np.array([0, 0, 0, 1], np.int64))
+    g.node("Pad", ["position_ids", pads], ["position_ids_extra"], "/pos/ExtraRow", mode="edge")
     return x
+
+
+def _last_rows(g: _Graph, hidden: str) -> str:
+    """``hidden`` [B, S, d] cut to its last ``logits_to_keep`` positions [B, R, d]."""
+    end = g.const("/logits/end", np.array([np.iinfo(np.int64).max], np.int64))
+    g.node("Neg", ["logits_to_keep"], ["/logits/start"], "/logits/Neg")
+    return g.node("Slice", [hidden, "/logits/start", end, "axes_1"], ["/kept"], "/logits/Slice")
 
 
 def build_graph(state: dict[str, np.ndarray], geo: DecoderGeometry, out_path: Path) -> None:
@@ -282,6 +332,7 @@ def build_graph(state: dict[str, np.ndarray], geo: DecoderGeometry, out_path: Pa
             )
             pending = _mlp(g, i, y)
     final, _ = g.skip_rms(pending, residual, "model.norm.weight", "/final_norm", "/model/norm")
+    final = _last_rows(g, final)
     # A tied lm_head is its own [d, V] copy, quantized separately from the embedding table.
     head = g.state.get("lm_head.weight", g.get("model.embed_tokens.weight"))
     logits = "logits_raw" if geo.final_softcap else "logits"
@@ -296,6 +347,7 @@ def build_graph(state: dict[str, np.ndarray], geo: DecoderGeometry, out_path: Pa
         g.node("Div", [logits, cap], ["logits_div"], "/softcap/Div")
         g.node("Tanh", ["logits_div"], ["logits_tanh"], "/softcap/Tanh")
         g.node("Mul", ["logits_tanh", cap], ["logits"], "/softcap/Mul")
+    g.node("ArgMax", ["logits"], ["next_tokens"], "/logits/ArgMax", axis=-1, keepdims=0)
 
     f32, i64 = TensorProto.FLOAT, TensorProto.INT64
     kv_in: list[str | int | None] = ["batch", geo.kv_heads, "past_sequence", geo.head_dim]
@@ -304,8 +356,12 @@ def build_graph(state: dict[str, np.ndarray], geo: DecoderGeometry, out_path: Pa
         helper.make_tensor_value_info("input_ids", i64, ["batch", "sequence"]),
         helper.make_tensor_value_info("attention_mask", i64, ["batch", "total_sequence"]),
         helper.make_tensor_value_info("position_ids", i64, ["batch", "sequence"]),
+        helper.make_tensor_value_info("logits_to_keep", i64, [1]),
     ]
-    outputs = [helper.make_tensor_value_info("logits", f32, ["batch", "sequence", geo.vocab])]
+    outputs = [
+        helper.make_tensor_value_info("logits", f32, ["batch", "kept", geo.vocab]),
+        helper.make_tensor_value_info("next_tokens", i64, ["batch", "kept"]),
+    ]
     for i in range(geo.layers):
         for kind in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", f32, kv_in))

@@ -162,6 +162,8 @@ def full_logits(session: Any, io: DecoderIO, ids: Sequence[int]) -> np.ndarray:
         "attention_mask": np.ones((1, s), np.int64),
         "position_ids": np.arange(s, dtype=np.int64)[None],
     }
+    if io.logits_input:
+        feeds[io.logits_input] = np.array([s], np.int64)  # every position's logits
     empty = np.zeros((1, io.num_kv_heads, 0, io.head_dim), np.float32)
     for names in io.past_names:
         for name in names:

@@ -24,6 +24,7 @@ from edgeinfer.config import RuntimeConfig, SamplingConfig
 from edgeinfer.errors import ConfigError, ContextLengthExceededError, InferenceError, PackageError
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import DecoderIO
+from edgeinfer.runtime import memory
 from edgeinfer.runtime.kvcache import KVCache, device_for
 from edgeinfer.runtime.lookup import PromptLookup, accept_greedy
 from edgeinfer.runtime.sampling import Sampler
@@ -61,9 +62,10 @@ class Decoder:
             raise ConfigError(
                 f"context_length must be in [2, {io.context_length}], got {context_length}"
             )
+        graph = Path(path) / io.graph
         try:
             self._session = ort.InferenceSession(
-                str(Path(path) / io.graph),
+                str(graph),
                 sess_options=session_options(config),
                 providers=eps.with_options(
                     eps.resolve(config.providers or tuple(manifest.providers)), package=Path(path)
@@ -71,9 +73,13 @@ class Decoder:
             )
         except Exception as exc:  # ORT raises its own pybind classes
             raise PackageError(f"cannot load the generate package {path}: {exc}") from exc
+        memory.release_heap()  # the graph's protobuf, parsed and freed
+        # External weights next to the graph are mapped; what prepacking read is not needed.
+        memory.drop_file_pages(graph.with_name(graph.name + ".data"))
         self.providers: list[str] = list(self._session.get_providers())
         self.stop_token_ids = frozenset(io.stop_token_ids)
-        self.cache = KVCache(io, limit=self.context_length, device=device_for(self.providers))
+        # One spare position: the graph writes the keys/values of one row past the last token.
+        self.cache = KVCache(io, limit=self.context_length + 1, device=device_for(self.providers))
         # Preallocated decode inputs and outputs, written in place each step.
         self._token = np.zeros((1, 1), np.int64)  # input_ids: [1, 1]
         self._position = np.zeros((1, 1), np.int64)  # position_ids: [1, 1]
@@ -105,7 +111,7 @@ class Decoder:
         binding.bind_cpu_input("input_ids", self._token)
         binding.bind_cpu_input("position_ids", self._position)
         if self.io.logits_input:
-            binding.bind_cpu_input(self.io.logits_input, np.zeros(1, np.int64))
+            binding.bind_cpu_input(self.io.logits_input, np.ones(1, np.int64))
         return binding
 
     def warm_up(self, runs: int) -> None:
@@ -137,8 +143,7 @@ class Decoder:
         binding.bind_cpu_input("input_ids", np.asarray(ids, np.int64)[None])  # [1, S]
         binding.bind_cpu_input("position_ids", np.arange(start, end, dtype=np.int64)[None])
         if self.io.logits_input:
-            picked = np.arange(len(ids) - rows, len(ids), dtype=np.int64)  # [R]
-            binding.bind_cpu_input(self.io.logits_input, picked)
+            binding.bind_cpu_input(self.io.logits_input, np.array([rows], np.int64))
         binding.bind_output(output)  # unallocated again: ORT sizes it for this run
         self._run(binding)
         self.cache.ids.extend(ids)

@@ -14,7 +14,8 @@ from typing import Any
 from edgeinfer.config import PrefixCacheConfig, RuntimeConfig, SamplingConfig
 from edgeinfer.errors import ContextLengthExceededError, InputError, PackageError
 from edgeinfer.manifest import Manifest
-from edgeinfer.runtime import prefix_store
+from edgeinfer.package_io import DecoderIO
+from edgeinfer.runtime import memory, prefix_store
 from edgeinfer.runtime.chat import Prompt, render_chat
 from edgeinfer.runtime.decoding import Decoder
 from edgeinfer.runtime.streaming import GenerationResult, StreamState, TextChunk, TextStream
@@ -50,11 +51,12 @@ class Generator(Decoder):
     ) -> None:
         from tokenizers import Tokenizer
 
-        super().__init__(path, manifest, config=config, context_length=context_length)
-        try:
-            self._tok = Tokenizer.from_file(str(Path(path) / self.io.tokenizer))
+        try:  # first: its JSON's parse garbage goes back before the weights come in
+            self._tok = Tokenizer.from_file(str(Path(path) / manifest.io_as(DecoderIO).tokenizer))
         except Exception as exc:  # tokenizers raises a bare Exception on parse errors
             raise PackageError(f"cannot load the generate package {path}: {exc}") from exc
+        memory.release_heap()
+        super().__init__(path, manifest, config=config, context_length=context_length)
         self.chat_format: dict[str, Any] | None = self.io.chat_format
         bos = manifest.tokens.get("bos")
         # A plain-text prompt starts with BOS when the tokenizer adds one (chat templates

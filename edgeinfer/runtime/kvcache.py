@@ -130,9 +130,10 @@ class KVCache:
         self._bind(binding)
 
     def reserve(self, end: int) -> None:
-        """Let the next run read and write positions 0..end-1 (the mask's ones)."""
-        if end > self.capacity:
-            self.ensure(end)
+        """Let the next run read and write positions 0..end-1 (the mask's ones); the buffers
+        keep one spare position (the decoder graph writes one past the last token)."""
+        if end + 1 > self.capacity:
+            self.ensure(end + 1)
         if end > self._open:
             self.mask[0, self._open : end] = 1
         elif end < self._open:

@@ -155,9 +155,7 @@ def test_bos_template_package_prompts_match_transformers(
 
     folder = templated["bos-first"]
     out = tmp_path / "bos-first-package"
-    export(
-        ExportOptions(source=str(folder), out=out, quantize="none", held_count=2, threads=1)
-    )
+    export(ExportOptions(source=str(folder), out=out, quantize="none", held_count=2, threads=1))
     gen = Generator(out, Manifest.read(out), config=RuntimeConfig(threads=1), context_length=96)
     hf = AutoTokenizer.from_pretrained(str(folder))
     chat = CONVERSATIONS[1]

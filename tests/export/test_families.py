@@ -44,9 +44,7 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     root = tmp_path_factory.mktemp(f"family-{name}")
     source = build(root / "source", name)
     out = root / "package"
-    export(
-        ExportOptions(source=str(source), out=out, quantize="none", held_count=4, threads=1)
-    )
+    export(ExportOptions(source=str(source), out=out, quantize="none", held_count=4, threads=1))
     return name, source, out
 
 

@@ -33,7 +33,7 @@ def smollm2(smollm2_package: Path) -> Generator:
 
 def test_int8_package_passes_its_gate(smollm2_package: Path) -> None:
     manifest = Manifest.read(smollm2_package)
-    assert manifest.precision == "int8-weight-only-fp32-head-edges"
+    assert manifest.precision == "int8-weight-only-int8-embed-refined"
     accuracy = manifest.accuracy
     assert accuracy["value"]["perplexity"] <= accuracy["fp32"]["perplexity"] * (
         1 + GATE_MAX_PPL_INCREASE
