@@ -59,9 +59,10 @@ _CONTRIB = frozenset(
 )
 
 
-def io_fields(geo: DecoderGeometry) -> dict[str, Any]:
+def io_fields(geo: DecoderGeometry, *, kv_dtype: str = "float32") -> dict[str, Any]:
     """The manifest's decoder ``io`` fields: geometry and the KV input/output names."""
     return {
+        "kv_dtype": kv_dtype,
         "num_layers": geo.layers,
         "num_kv_heads": geo.kv_heads,
         "head_dim": geo.head_dim,
@@ -80,11 +81,12 @@ def io_fields(geo: DecoderGeometry) -> dict[str, Any]:
 class _Graph:
     """Nodes and initializers of the graph being written, with the weights it reads."""
 
-    def __init__(self, state: dict[str, np.ndarray], geo: DecoderGeometry) -> None:
+    def __init__(self, state: dict[str, np.ndarray], geo: DecoderGeometry, half_kv: bool) -> None:
         from onnx import helper, numpy_helper
 
         self.helper, self.numpy_helper = helper, numpy_helper
         self.state, self.geo = state, geo
+        self.half_kv = half_kv  # attention and its KV cache in float16
         self.inits: list[Any] = []
         self.nodes: list[Any] = []
 
@@ -152,6 +154,8 @@ class _Graph:
 
 
 def _attention(g: _Graph, i: int, x: str) -> str:
+    from onnx import TensorProto
+
     geo, p, n = g.geo, f"model.layers.{i}.self_attn", f"/model/layers.{i}/attn"
     qkv = g.linear(x, [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"], f"/l{i}/qkv", f"{n}/qkv_proj")
     qkv_in = [qkv, "", ""]
@@ -165,6 +169,11 @@ def _attention(g: _Graph, i: int, x: str) -> str:
             f"/l{i}/v",
         ]
     qkv_in = [_extra_row(g, x, f"{n}/ExtraRow{k}") if x else x for k, x in enumerate(qkv_in)]
+    if g.half_kv:  # GroupQueryAttention computes in its cache's type
+        qkv_in = [
+            _cast(g, x, TensorProto.FLOAT16, f"{n}/ToHalf{k}") if x else x
+            for k, x in enumerate(qkv_in)
+        ]
     window = geo.windows[i] if geo.windows else -1
     cache = "local" if geo.rope_local is not None and window > 0 else "global"
     attrs: dict[str, Any] = {"softcap": geo.attn_softcap} if geo.attn_softcap else {}
@@ -190,13 +199,20 @@ def _attention(g: _Graph, i: int, x: str) -> str:
         local_window_size=window,
         **attrs,
     )
+    attn = f"/l{i}/attn_extra"
+    if g.half_kv:
+        attn = _cast(g, attn, TensorProto.FLOAT, f"{n}/ToFloat")
     g.node(
         "Slice",
-        [f"/l{i}/attn_extra", "zero_i64", "minus_one_i64", "axes_1"],
+        [attn, "zero_i64", "minus_one_i64", "axes_1"],
         [f"/l{i}/attn"],
         f"{n}/DropExtraRow",
     )
     return g.linear(f"/l{i}/attn", [f"{p}.o_proj"], f"/l{i}/attn_out", f"{n}/o_proj")
+
+
+def _cast(g: _Graph, x: str, to: int, name: str) -> str:
+    return g.node("Cast", [x], [f"{name}/out"], name, to=to)
 
 
 def _extra_row(g: _Graph, x: str, name: str) -> str:
@@ -243,8 +259,9 @@ def _inputs(g: _Graph) -> str:
             # Two rows past the context: GroupQueryAttention checks the tables against its
             # total length, the runtime's mask (the cache, one spare position) plus the extra row.
             cos, sin = rope_tables(spec, geo.context_length + 2)
-            g.const(f"cos_cache_{kind}", cos)
-            g.const(f"sin_cache_{kind}", sin)
+            dtype = np.float16 if g.half_kv else np.float32  # GroupQueryAttention's type
+            g.const(f"cos_cache_{kind}", cos.astype(dtype))
+            g.const(f"sin_cache_{kind}", sin.astype(dtype))
     g.const("axes_1", np.array([1], np.int64))
     g.const("one_scalar_i64", np.array(1, np.int64))
     g.const("idx_1", np.array(1, np.int64))
@@ -280,12 +297,15 @@ def _last_rows(g: _Graph, hidden: str) -> str:
     return g.node("Slice", [hidden, "/logits/start", end, "axes_1"], ["/kept"], "/logits/Slice")
 
 
-def build_graph(state: dict[str, np.ndarray], geo: DecoderGeometry, out_path: Path) -> None:
-    """Write the fp32 decoder graph for the transformers ``state`` dict (numpy arrays)."""
+def build_graph(
+    state: dict[str, np.ndarray], geo: DecoderGeometry, out_path: Path, *, kv_dtype: str = "float32"
+) -> None:
+    """Write the fp32 decoder graph for the transformers ``state`` dict (numpy arrays); with
+    ``kv_dtype`` "float16" attention runs in float16 over a half-size KV cache."""
     import onnx
     from onnx import TensorProto, helper
 
-    g = _Graph(canonical_state(state, geo), geo)
+    g = _Graph(canonical_state(state, geo), geo, half_kv=kv_dtype == "float16")
     residual, pending = _inputs(g), ""  # pending: the block output not yet added to residual
     for i in range(geo.layers):
         p, n = f"model.layers.{i}", f"/model/layers.{i}"
@@ -364,8 +384,9 @@ def build_graph(state: dict[str, np.ndarray], geo: DecoderGeometry, out_path: Pa
     ]
     for i in range(geo.layers):
         for kind in ("key", "value"):
-            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", f32, kv_in))
-            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", f32, kv_out))
+            kv = TensorProto.FLOAT16 if g.half_kv else f32
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", kv, kv_in))
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", kv, kv_out))
     graph = helper.make_graph(g.nodes, "decoder", inputs, outputs, initializer=g.inits)
     model = helper.make_model(
         graph,

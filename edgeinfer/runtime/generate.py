@@ -111,7 +111,7 @@ class Generator(Decoder):
         """Generate and yield text as it comes (see ``generate`` for the arguments)."""
         state = StreamState()
         with self._lock:
-            yield from self._stream(prompt, max_new_tokens, sampling, stop, timeout_s, state)
+            yield from self._stream(prompt, max_new_tokens, sampling, stop, timeout_s, state, True)
 
     def generate(
         self,
@@ -136,7 +136,7 @@ class Generator(Decoder):
         """
         state = StreamState()
         with self._lock:
-            chunks = self._stream(prompt, max_new_tokens, sampling, stop, timeout_s, state)
+            chunks = self._stream(prompt, max_new_tokens, sampling, stop, timeout_s, state, False)
             text = "".join(chunk.text for chunk in chunks)
         return GenerationResult(
             text=text,
@@ -183,6 +183,7 @@ class Generator(Decoder):
         stop: Sequence[str],
         timeout_s: float | None,
         state: StreamState,
+        live: bool,
     ) -> Iterator[TextChunk]:
         started = time.perf_counter()
         deadline = None if timeout_s is None else started + timeout_s
@@ -191,7 +192,7 @@ class Generator(Decoder):
         system = self._system_ids(prompt, ids) if self._store is not None else []
         from_disk = prefix_store.restore(self._store, self.cache, system)
         self.prefix_from_disk = len(system) if from_disk else 0
-        text = TextStream(self._tok, stop)
+        text = TextStream(self._tok, stop, live=live)  # generate(): the text once, at the end
         state.ids = text.ids
         state.finish = "length"
         try:

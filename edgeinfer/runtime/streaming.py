@@ -26,7 +26,7 @@ __all__ = [
 FinishReason = Literal["eos", "stop", "length", "deadline"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TextChunk:
     """A piece of streamed text: ``text`` is new, complete characters (never half of one);
     ``token_ids`` are the tokens generated since the previous chunk."""
@@ -106,14 +106,17 @@ class TextStream:
     Args:
         tokenizer: the package's ``tokenizers.Tokenizer``.
         stops: the stop strings (empty strings ignored).
+        live: detokenize as tokens come; False (a whole answer without stop strings) keeps the
+            ids only and sends the text at ``finish``.
     """
 
-    def __init__(self, tokenizer: Any, stops: Sequence[str]) -> None:
+    def __init__(self, tokenizer: Any, stops: Sequence[str], *, live: bool = True) -> None:
         from tokenizers.decoders import DecodeStream
 
         self._tok = tokenizer
         self._step = DecodeStream(skip_special_tokens=True).step
         self.stops = [s for s in stops if s]
+        self.live = live or bool(self.stops)
         self.ids: list[int] = []
         self.sent = 0  # characters sent
         self.stopped = False  # a stop string was found
@@ -124,6 +127,8 @@ class TextStream:
         """Add one generated token; the text that is now safe to send, if any."""
         self.ids.append(token)
         self._pending += 1
+        if not self.live:
+            return None
         piece = self._step(self._tok, token)
         if piece is None:  # an incomplete character
             return None

@@ -4,6 +4,7 @@ the KV cache grows with the request, and the sampler keeps exactly the top-k/top
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -155,3 +156,24 @@ def test_sampler_draws_from_the_reference_distribution(config: SamplingConfig) -
     got = np.append(counts[likely], counts[~likely].sum())
     want = np.append(reference[likely], reference[~likely].sum())
     assert 0.5 * np.abs(got - want).sum() < 0.05
+
+
+def test_float16_kv_cache_halves_the_cache_and_tracks_float32(
+    tiny: Generator, export_once: Any, package_root: Path
+) -> None:
+    from edgeinfer.export.options import DecoderOptions
+
+    half = export_once(
+        package_root / "tiny-fp32-kv16",
+        source="tiny-decoder",
+        quantize="none",
+        held_count=4,
+        threads=1,
+        builder=DecoderOptions(kv_dtype="float16"),
+    )
+    gen = Generator(half, Manifest.read(half), config=RuntimeConfig(threads=1), context_length=128)
+    assert gen.cache.dtype == np.float16 and gen.cache.nbytes * 2 == tiny.cache.nbytes
+    ids = tiny.encode("Chelsea won the cup after a long season of")
+    np.testing.assert_allclose(gen.prefill(ids), tiny.prefill(ids), atol=2e-2)
+    plain = gen.generate("The market rose", max_new_tokens=24, sampling=PLAIN)
+    assert plain.token_ids == gen.generate("The market rose", max_new_tokens=24).token_ids

@@ -36,6 +36,8 @@ SPEED_TOKENS = 16  # decode steps timed per variant and round
 SPEED_ROUNDS = 5  # interleaved rounds: the median of 5 resists a busy machine's bursts
 SPEED_TIE = 0.95  # variants decoding within 5 % of the fastest count as equally fast
 PROBE_TOKENS = 8  # decode steps per unit of the speed guard
+PARITY = lm.PARITY_MAX_ABS_LOGIT
+HALF_KV_PARITY = 0.25
 
 
 def _session(graph: Path, threads: int | None) -> Any:
@@ -120,7 +122,8 @@ class DecoderBuilder(Builder):
             context = geo.context_length  # rope scaling may stop a package at the original length
             self.context = context
             raw_graph = work / "fp32.onnx"
-            decoder_graph.build_graph(lm.state_numpy(model), geo, raw_graph)
+            self.kv_dtype = opts.kv_dtype if opts else "float32"
+            decoder_graph.build_graph(lm.state_numpy(model), geo, raw_graph, kv_dtype=self.kv_dtype)
             fp32_files = package.externalize(raw_graph, work / "variants" / "fp32")
             fp32_graph = fp32_files[package.GRAPH_NAME]
             self.tok_info = lm.prepare_decoder_tokenizer(source, self.tokenizer)
@@ -128,7 +131,14 @@ class DecoderBuilder(Builder):
         self.io = self._io(fp32_graph, geo, context)
         fp32 = self._candidate("fp32", fp32_files, {"mode": "none"})
         with run.stage("parity"):
-            result = lm.parity(model, _session(fp32_graph, run.threads), self.io, self.held[:2])
+            result = lm.parity(
+                model,
+                _session(fp32_graph, run.threads),
+                self.io,
+                self.held[:2],
+                # float16 attention moves logits by a few 1e-2 (random tiny models the most)
+                max_abs_logit=HALF_KV_PARITY if self.kv_dtype == "float16" else PARITY,
+            )
             run.note("fp32", parity={k: round(v, 6) for k, v in result.items()})
             del model
         fp32.requested = run.quant.mode == "none"
@@ -165,7 +175,7 @@ class DecoderBuilder(Builder):
 
     def _io(self, graph: Path, geo: decoder_graph.DecoderGeometry, context: int) -> DecoderIO:
         inputs, outputs = package.read_io(graph)
-        fields = decoder_graph.io_fields(geo)
+        fields = decoder_graph.io_fields(geo, kv_dtype=self.kv_dtype)
         return DecoderIO(
             graph=package.GRAPH_NAME,
             tokenizer=package.TOKENIZER_NAME,
@@ -185,6 +195,7 @@ class DecoderBuilder(Builder):
             kv_layout=fields["kv_layout"],
             past_names=tuple(tuple(p) for p in fields["past_names"]),
             present_names=tuple(tuple(p) for p in fields["present_names"]),
+            kv_dtype=fields["kv_dtype"],
             logits_input=fields["logits_input"],
             argmax_output=fields["argmax_output"],
         )
