@@ -85,6 +85,9 @@ class Decoder:
         self._position = np.zeros((1, 1), np.int64)  # position_ids: [1, 1]
         self._logits = np.zeros((1, 1, io.vocab_size), np.float32)  # logits: [1, 1, V]
         self._best = np.zeros((1, 1), np.int64)  # argmax: [1, 1]
+        # Flat views of the three: a step writes and reads Python ints, no numpy scalars.
+        self._slots = [a.data.cast("B").cast("q") for a in (self._token, self._position)]
+        self._best_slot = self._best.data.cast("B").cast("q")
         # Two decode bindings over the same inputs and cache: one reads the logits, the other
         # (greedy, on graphs with an argmax output) the chosen token only.
         self._decode = self._binding()
@@ -177,8 +180,8 @@ class Decoder:
         if len(ids) != position:
             del ids[position:]
         self.cache.reserve(position + 1)
-        self._token[0, 0] = token
-        self._position[0, 0] = position
+        token_slot, position_slot = self._slots
+        token_slot[0], position_slot[0] = token, position
         self._run(binding)
         ids.append(token)
 
@@ -193,7 +196,8 @@ class Decoder:
         if self._greedy is self._decode:
             return int(self.decode_one_token(token, position).argmax())
         self._step(self._greedy, token, position)
-        return int(self._best[0, 0])
+        best: int = self._best_slot[0]
+        return best
 
     def verify(self, token: int, draft: Sequence[int], position: int) -> list[int]:
         """Feed ``token`` at ``position`` and ``draft`` after it in one pass; the greedy

@@ -101,6 +101,7 @@ class KVCache:
         self.mask = np.zeros((1, capacity), np.int64)  # attention_mask: [1, C]
         self.mask[0, :keep] = 1
         self._mask_value = ort.OrtValue.ortvalue_from_numpy(self.mask)
+        self._mask_slot = self.mask.data.cast("B").cast("q")
         self._open = keep  # positions whose mask is 1
         self.capacity = capacity
         self._values = [ort.OrtValue.ortvalue_from_numpy(a, self.device, 0) for a in arrays]
@@ -134,7 +135,9 @@ class KVCache:
         keep one spare position (the decoder graph writes one past the last token)."""
         if end + 1 > self.capacity:
             self.ensure(end + 1)
-        if end > self._open:
+        if end == self._open + 1:  # a decode step: one more position
+            self._mask_slot[self._open] = 1
+        elif end > self._open:
             self.mask[0, self._open : end] = 1
         elif end < self._open:
             self.mask[0, end : self._open] = 0
