@@ -32,6 +32,7 @@ from edgeinfer.export.decoder_families import (
     canonical_state,
     rope_tables,
 )
+from edgeinfer.export.package import save_graph
 
 __all__ = ["SUPPORTED_FAMILIES", "DecoderGeometry", "build_graph", "io_fields"]
 
@@ -232,7 +233,6 @@ def _inputs(g: _Graph) -> str:
 
 def build_graph(state: dict[str, np.ndarray], geo: DecoderGeometry, out_path: Path) -> None:
     """Write the fp32 decoder graph for the transformers ``state`` dict (numpy arrays)."""
-    import onnx
     from onnx import TensorProto, helper
 
     g = _Graph(canonical_state(state, geo), geo)
@@ -317,4 +317,4 @@ def build_graph(state: dict[str, np.ndarray], geo: DecoderGeometry, out_path: Pa
         producer_name="edgeinfer",
     )
     model.ir_version = 8  # readable by onnxruntime >= 1.14
-    onnx.save(model, str(out_path))
+    save_graph(model, out_path)

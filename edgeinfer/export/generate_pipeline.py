@@ -76,7 +76,8 @@ def _int8_embed(build: Callable[[Path, Path], None]) -> Callable[[Path, Path], N
         mid = out.with_suffix(".fp32-embed.onnx")
         build(fp32, mid)
         decoder_embed.quantize_embedding(mid, out)
-        mid.unlink()  # a large model's intermediate graph is most of a gigabyte
+        for name in [mid.name, *package.external_data_files(mid)]:
+            (mid.parent / name).unlink()  # a large model's intermediate graph: gigabytes
 
     return run
 

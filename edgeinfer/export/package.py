@@ -10,11 +10,56 @@ from typing import Any
 from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import Manifest, file_entries
 
-__all__ = ["GRAPH_NAME", "TOKENIZER_NAME", "commit", "partial_path", "read_io", "stage"]
+__all__ = [
+    "GRAPH_NAME",
+    "TOKENIZER_NAME",
+    "commit",
+    "external_data_files",
+    "partial_path",
+    "read_io",
+    "save_graph",
+    "stage",
+]
 
 GRAPH_NAME = "model.onnx"
 TOKENIZER_NAME = "tokenizer.json"
 _DTYPE_NAMES = {7: "int64", 6: "int32", 1: "float32", 10: "float16"}
+# protobuf refuses a message over 2 GiB: larger graphs (a 0.5B+ decoder in fp32, its tied
+# lm_head a second copy of the table) keep their weights in one file beside the graph.
+EXTERNAL_DATA_BYTES = 1_900_000_000
+
+
+def save_graph(model: Any, path: Path) -> None:
+    """Save ``model`` to ``path``; weights go to ``<path name>.data`` beside it when the graph
+    would pass protobuf's 2 GiB limit."""
+    import onnx
+
+    if model.ByteSize() < EXTERNAL_DATA_BYTES:
+        onnx.save(model, str(path))
+        return
+    onnx.save(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=f"{path.name}.data",
+        size_threshold=1024,
+    )
+
+
+def external_data_files(graph: Path) -> list[str]:
+    """The files (relative to the graph's folder) that hold ``graph``'s external weights."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    return sorted(
+        {
+            entry.value
+            for init in model.graph.initializer
+            for entry in init.external_data
+            if entry.key == "location"
+        }
+    )
 
 
 def read_io(graph: Path) -> dict[str, list[dict[str, Any]]]:
@@ -62,6 +107,9 @@ def stage(
     """
     folder.mkdir(parents=True, exist_ok=False)
     _place(graph, folder / GRAPH_NAME)
+    weights = external_data_files(graph)  # found by onnxruntime under the names they have
+    for name in weights:
+        _place(graph.parent / name, folder / name)
     _place(tokenizer, folder / TOKENIZER_NAME)
     for name, data in (extra_files or {}).items():
         (folder / name).write_bytes(data)
@@ -71,7 +119,7 @@ def stage(
         "graph": GRAPH_NAME,
         "tokenizer": TOKENIZER_NAME,
     }
-    names = [GRAPH_NAME, TOKENIZER_NAME, *(extra_files or {})]
+    names = [GRAPH_NAME, *weights, TOKENIZER_NAME, *(extra_files or {})]
     manifest = Manifest(**{**fields, "io": io, "files": file_entries(folder, names)})
     manifest.write(folder)
     return manifest

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.config import QuantConfig
-from edgeinfer.export import ort_compat
+from edgeinfer.export import ort_compat, package
 
 __all__ = [
     "convert_fp16",
@@ -138,7 +138,7 @@ def quantize_weight_only(
         nodes_to_include=list(include) if include is not None else None,
     )
     quantizer.process()
-    onnx.save(quantizer.model.model, str(out_path))
+    package.save_graph(quantizer.model.model, out_path)
 
 
 _QUANT_TYPES = {"uint8": "QUInt8", "uint16": "QUInt16", "int8": "QInt8"}
