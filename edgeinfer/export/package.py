@@ -34,7 +34,9 @@ def save_graph(model: Any, path: Path) -> None:
     would pass protobuf's 2 GiB limit."""
     import onnx
 
-    if model.ByteSize() < EXTERNAL_DATA_BYTES:
+    # ModelProto.ByteSize() itself fails past 2 GiB: add up the initializers one by one.
+    weight_bytes = sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer)
+    if weight_bytes < EXTERNAL_DATA_BYTES:
         onnx.save(model, str(path))
         return
     onnx.save(
