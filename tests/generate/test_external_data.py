@@ -22,7 +22,9 @@ def test_a_graph_with_external_weights_exports_quantizes_and_generates(
 ) -> None:
     monkeypatch.setattr(package, "EXTERNAL_DATA_BYTES", 0)
     out = tmp_path / "external"
-    export(ExportOptions(source=str(tiny_source), out=out, quantize="none", held_count=2, threads=1))
+    export(
+        ExportOptions(source=str(tiny_source), out=out, quantize="none", held_count=2, threads=1)
+    )
     manifest = Manifest.read(out)
     weights = package.external_data_files(out / manifest.io["graph"])
     assert weights and set(weights) <= set(manifest.files)  # hashed like every file
