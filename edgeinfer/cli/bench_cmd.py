@@ -120,6 +120,7 @@ def _bench_generate(
         for name in baselines
         if name == "llama.cpp" or name.startswith("llama.cpp:")
     ]
+    ggufs = list(dict.fromkeys(ggufs))  # a file named twice is measured once
     others = [Path(n) for n in baselines if n != "torch" and not n.startswith("llama.cpp")]
     torch_source = generation.source_spec(package) if "torch" in baselines else None
     with console.status(f"benchmarking generation of {package.name} …"):

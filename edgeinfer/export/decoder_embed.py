@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.errors import ConversionError
+from edgeinfer.export.package import save_graph
 
 __all__ = ["quantize_embedding"]
 
@@ -114,4 +115,4 @@ def quantize_embedding(graph_path: Path, out_path: Path, *, block_size: int = _B
     for offset, node in enumerate(new_nodes):
         graph.node.insert(index + offset, node)
     graph.initializer.remove(inits[_TABLE])
-    onnx.save(model, str(out_path))
+    save_graph(model, out_path)

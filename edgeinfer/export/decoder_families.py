@@ -104,11 +104,6 @@ class DecoderGeometry:
     attn_softcap: float = 0.0  # 0: none
     final_softcap: float = 0.0  # 0: none
 
-    @property
-    def rope_theta(self) -> float:
-        """The global rotary base."""
-        return self.rope.theta
-
     @classmethod
     def from_config(cls, config: dict[str, Any], *, context_length: int) -> DecoderGeometry:
         """Read the geometry from a transformers config (defaults filled in by its config

@@ -48,6 +48,7 @@ from edgeinfer.export.decoder_families import (
     canonical_state,
     rope_tables,
 )
+from edgeinfer.export.package import save_graph
 
 __all__ = ["SUPPORTED_FAMILIES", "DecoderGeometry", "build_graph", "io_fields"]
 
@@ -302,7 +303,6 @@ def build_graph(
 ) -> None:
     """Write the fp32 decoder graph for the transformers ``state`` dict (numpy arrays); with
     ``kv_dtype`` "float16" attention runs in float16 over a half-size KV cache."""
-    import onnx
     from onnx import TensorProto, helper
 
     g = _Graph(canonical_state(state, geo), geo, half_kv=kv_dtype == "float16")
@@ -394,4 +394,4 @@ def build_graph(
         producer_name="edgeinfer",
     )
     model.ir_version = 8  # readable by onnxruntime >= 1.14
-    onnx.save(model, str(out_path))
+    save_graph(model, out_path)

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from edgeinfer.errors import ConversionError
+from edgeinfer.export.package import save_graph
 
 __all__ = ["REFINE_TOKENS", "refine_head"]
 
@@ -143,4 +144,4 @@ def refine_head(
     index = list(graph.node).index(head) + 1
     for offset, node in enumerate(nodes):
         graph.node.insert(index + offset, node)
-    onnx.save(model, str(out_path))
+    save_graph(model, out_path)

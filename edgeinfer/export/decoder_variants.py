@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.export import decoder_embed, decoder_head, quantize
+from edgeinfer.export import decoder_embed, decoder_head, package, quantize
 
 __all__ = ["DEFAULT_VARIANTS", "GATES", "VARIANTS", "Gate", "Variant", "layer_matmuls"]
 
@@ -70,8 +70,9 @@ def _steps(*steps: Callable[[Path, Path], None]) -> Callable[[Path, Path], None]
         for index, step in enumerate(steps):
             target = out if index == len(steps) - 1 else out.with_suffix(f".step{index}.onnx")
             step(current, target)
-            if current != fp32:
-                current.unlink()  # a large model's intermediate graph is most of a gigabyte
+            if current != fp32:  # a large model's intermediate graph: gigabytes
+                for name in [current.name, *package.external_data_files(current)]:
+                    (current.parent / name).unlink()
             current = target
 
     return run

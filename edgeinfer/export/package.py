@@ -16,9 +16,11 @@ __all__ = [
     "GRAPH_NAME",
     "TOKENIZER_NAME",
     "commit",
+    "external_data_files",
     "externalize",
     "partial_path",
     "read_io",
+    "save_graph",
     "stage",
 ]
 
@@ -31,6 +33,44 @@ TOKENIZER_NAME = "tokenizer.json"
 _ALIGN = 4096
 _EXTERNAL_MIN_BYTES = 1024
 _DTYPE_NAMES = {7: "int64", 6: "int32", 1: "float32", 10: "float16"}
+# protobuf refuses a message over 2 GiB: larger intermediate graphs (a 0.5B+ decoder in fp32, its
+# tied lm_head a second copy of the table) keep their weights in one file beside the graph.
+EXTERNAL_DATA_BYTES = 1_900_000_000
+
+
+def save_graph(model: Any, path: Path) -> None:
+    """Save ``model`` to ``path``; weights go to ``<path name>.data`` beside it when the graph
+    would pass protobuf's 2 GiB limit."""
+    import onnx
+
+    # ModelProto.ByteSize() itself fails past 2 GiB: add up the initializers one by one.
+    weight_bytes = sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer)
+    if weight_bytes < EXTERNAL_DATA_BYTES:
+        onnx.save(model, str(path))
+        return
+    onnx.save(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=f"{path.name}.data",
+        size_threshold=1024,
+    )
+
+
+def external_data_files(graph: Path) -> list[str]:
+    """The files (relative to the graph's folder) that hold ``graph``'s external weights."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    return sorted(
+        {
+            entry.value
+            for init in model.graph.initializer
+            for entry in init.external_data
+            if entry.key == "location"
+        }
+    )
 
 
 def read_io(graph: Path) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:

@@ -14,7 +14,7 @@ import numpy as np
 
 from edgeinfer.config import QuantConfig
 from edgeinfer.errors import ConfigError
-from edgeinfer.export import ort_compat
+from edgeinfer.export import ort_compat, package
 
 __all__ = [
     "convert_fp16",
@@ -157,7 +157,7 @@ def quantize_weight_only(
         algo_config=configs[algorithm]() if algorithm in configs else None,
     )
     quantizer.process()
-    onnx.save(quantizer.model.model, str(out_path))
+    package.save_graph(quantizer.model.model, out_path)
 
 
 _QUANT_TYPES = {"uint8": "QUInt8", "uint16": "QUInt16", "int8": "QInt8"}
