@@ -245,13 +245,18 @@ def effnet_fp32(package_root: Path) -> Path:
 @pytest.fixture(scope="session")
 def effnet_int8(package_root: Path, calibration_npy: Path) -> Path:
     """The static QDQ int8 package (cpu-avx2). force_quantize: fixtures must not depend on
-    timing on a shared machine."""
+    timing on a shared machine. Budget 0.05: on these 48 views (two photos) one of ~20 decided
+    views flips with the current onnxruntime and Pillow (the code at ae55d0e too), so the
+    default 1 % budget measures that one view; the structure and runtime tests that use this
+    package need a static int8 package, and docs/vision.md measures its accuracy on many
+    photos."""
     return _exported(
         package_root / "effnet-int8-static",
         source="efficientnet-lite0",
         quantize="int8-static",
         calibration=calibration_npy,
         held_count=GATE_VIEWS,
+        max_accuracy_loss=0.05,
         force_quantize=True,
     )
 

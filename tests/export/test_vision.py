@@ -85,7 +85,7 @@ def test_static_int8_is_qdq_and_agrees_with_fp32(effnet_int8: Path, effnet_fp32:
     assert quant["calibration_size"] == 128
     assert manifest["io"]["image"]["mean"] == [127.0] * 3
     gate = manifest["accuracy"]
-    assert gate["value"]["passed"] and gate["value"]["mean"] >= 0.98
+    assert gate["value"]["passed"] and gate["value"]["mean"] >= 1 - gate["max_accuracy_loss"]
     ops = {n.op_type for n in onnx.load(str(effnet_int8 / "model.onnx")).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops
     views = images.builtin_images("gate", 4, size=224)  # the whole photos and their mirrors
@@ -107,7 +107,11 @@ def test_a_slower_dynamic_int8_is_refused_with_advice(
     """Dynamic int8 (ConvInteger) measured slower than fp32: refused, pointing to static."""
     out = tmp_path / "dynamic"
     options = ExportOptions(
-        source="efficientnet-lite0", out=out, quantize="int8", eval_data=few_gate_views_npy
+        source="efficientnet-lite0",
+        out=out,
+        quantize="int8",
+        eval_data=few_gate_views_npy,
+        max_accuracy_loss=0.5,  # dynamic int8 also loses accuracy: speed is the point here
     )
     with pytest.raises(SlowerQuantizationError, match="int8-static") as refused:
         export(options)
