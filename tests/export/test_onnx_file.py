@@ -121,7 +121,9 @@ def test_a_stateful_onnx_graph_becomes_a_raw_package(raw_package: Path) -> None:
 
 
 @pytest.mark.slow
-def test_an_onnx_image_classifier_with_labels_and_user_calibration(tmp_path: Path) -> None:
+def test_an_onnx_image_classifier_with_labels_and_user_calibration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from PIL import Image
 
     from edgeinfer.export import images
@@ -154,6 +156,8 @@ def test_an_onnx_image_classifier_with_labels_and_user_calibration(tmp_path: Pat
     with edgeinfer.load(out) as model:
         result = model.classify(str(photos / "00.png"))[0]
         assert result.label in ("cat", "dog", "bird")
+    assert main(["classify", str(out), "--image", str(photos / "00.png"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["label"] == result.label
 
 
 def _refused(args: list[str], out: Path, capsys: pytest.CaptureFixture[str]) -> str:
