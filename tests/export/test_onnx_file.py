@@ -187,3 +187,28 @@ def test_refusals_are_clear_exit_2_and_leave_nothing(
     accumulator(both / "a.onnx")
     accumulator(both / "b.onnx")
     assert "several ONNX graphs" in _refused([str(both)], out, capsys)
+
+
+@pytest.mark.slow
+def test_an_onnx_text_folder_embeds_with_its_tokenizer(tmp_path: Path) -> None:
+    """A folder as optimum writes it (model.onnx, tokenizer and config files, no weights)."""
+    import shutil
+
+    from families import TEXTS, build
+
+    from edgeinfer.export import convert
+    from edgeinfer.export.run import export
+    from edgeinfer.export.source import resolve_source
+
+    folder = build("roberta", tmp_path / "roberta")
+    graph = convert.to_onnx(resolve_source(str(folder)), "embed", tmp_path / "onnx")
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "vocab.json"):
+        shutil.copy(folder / name, graph.parent / name)
+    out = tmp_path / "pkg"
+    report = export(ExportOptions(source=str(graph.parent), out=out, held_count=16,
+                                  force_quantize=True))  # fmt: skip
+    assert (report.builder, report.task, report.chosen) == ("onnx-file", "embed", "int8")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["io"]["kind"] == "text-encoder" and manifest["io"]["max_seq_len"] == 64
+    with edgeinfer.load(out) as model:
+        assert model.embed(TEXTS[:2]).shape == (2, 32)
