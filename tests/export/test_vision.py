@@ -13,7 +13,7 @@ import onnx
 import pytest
 
 import edgeinfer
-from edgeinfer.errors import ConfigError, InputError, SlowerQuantizationError
+from edgeinfer.errors import ConfigError, InputError
 from edgeinfer.export import images
 from edgeinfer.export.options import ExportOptions
 from edgeinfer.export.quantize import qdq_problems
@@ -138,16 +138,22 @@ def test_static_int8_is_qdq_and_agrees_with_fp32(effnet_int8: Path, effnet_fp32:
 def test_a_slower_dynamic_int8_is_refused_with_advice(
     tmp_path: Path, few_gate_views_npy: Path
 ) -> None:
-    """Dynamic int8 (ConvInteger) measured slower than fp32: refused, pointing to static."""
+    """Dynamic int8 (ConvInteger) measured slower than fp32 is not shipped: the recipe keeps
+    the most accurate variant that passes (fp32) and the report says why, pointing to static
+    int8. (Without the recipe's keep_best it is a SlowerQuantizationError: test_choice.py.)"""
     out = tmp_path / "dynamic"
     options = ExportOptions(
-        source="efficientnet-lite0", out=out, quantize="int8", eval_data=few_gate_views_npy
+        source="efficientnet-lite0",
+        out=out,
+        quantize="int8",
+        eval_data=few_gate_views_npy,
+        max_accuracy_loss=0.5,  # past the gate (dynamic int8 misses 1 %), so the guard decides
     )
-    with pytest.raises(SlowerQuantizationError, match="int8-static") as refused:
-        export(options)
-    assert refused.value.report is not None
-    assert refused.value.report["variants"]["int8"]["speed"]["slower"] is True
-    assert not out.exists()
+    report = export(options)
+    assert report.chosen == "fp32"
+    assert report.variants["int8"]["speed"]["slower"] is True
+    assert any("int8-static" in warning for warning in report.warnings)
+    assert json.loads((out / "manifest.json").read_text())["precision"] == "fp32"
 
 
 @pytest.mark.slow
