@@ -78,7 +78,7 @@ def main(argv: list[str]) -> int:
         rows.append(
             _row(
                 "vit (classify)",
-                [str(vit), "--quantize", "int8-static", "--force-quantize"],
+                [str(vit), "--quantize", "int8-static", "--keep-best"],
                 work / "vit-pkg",
                 lambda m: m.classify(picture)[0].label,
             )
