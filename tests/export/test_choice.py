@@ -65,6 +65,7 @@ def run_with(variants: dict[str, tuple[float, float, bool]], **options: Any) -> 
         candidates=candidates,
         report=report,
         options=opts,
+        keep_best=opts.keep_best,
         max_accuracy_loss=0.05,
         note=lambda name, **details: report.variants[name].update(details),
     )
