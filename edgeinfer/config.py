@@ -212,6 +212,8 @@ class QuantConfig:
     reduce_range: bool = False
     activation_symmetric: bool = False
     calibration_method: CalibrationMethod = "minmax"
+    # "percentile": the activation percentile kept (onnxruntime's default).
+    calibration_percentile: float = 99.999
     calibration_size: int = 128
     providers: tuple[str, ...] = ("cpu",)
     ops_to_quantize: tuple[str, ...] = field(
@@ -241,6 +243,10 @@ class QuantConfig:
             )
         if self.calibration_size < 1:
             raise ConfigError(f"calibration_size must be >= 1, got {self.calibration_size}")
+        if not 50.0 < self.calibration_percentile <= 100.0:
+            raise ConfigError(
+                f"calibration_percentile must be in (50, 100], got {self.calibration_percentile}"
+            )
 
     @classmethod
     def cpu_avx2(cls) -> QuantConfig:

@@ -245,7 +245,8 @@ def effnet_fp32(package_root: Path) -> Path:
 @pytest.fixture(scope="session")
 def effnet_int8(package_root: Path, calibration_npy: Path) -> Path:
     """The static QDQ int8 package (cpu-avx2). force_quantize: fixtures must not depend on
-    timing on a shared machine."""
+    timing on a shared machine. Its top-1 agreement with fp32 on the photo gate is ~0.92 on
+    decided views (docs/vision.md), under the recipe's 0.99: the fixture allows 0.15."""
     return _exported(
         package_root / "effnet-int8-static",
         source="efficientnet-lite0",
@@ -253,6 +254,7 @@ def effnet_int8(package_root: Path, calibration_npy: Path) -> Path:
         calibration=calibration_npy,
         held_count=GATE_VIEWS,
         force_quantize=True,
+        max_accuracy_loss=0.15,
     )
 
 
@@ -265,6 +267,28 @@ def effnet_qnn(package_root: Path) -> Path:
         target="npu-qnn",
         quantize="int8-static",
         held_count=GATE_VIEWS,
+    )
+
+
+# -- ONNX files ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def raw_package(package_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A stateful graph (out = state + 2x, stateN = out) exported from an ONNX file as a raw
+    package (fp32: a 4x4 MatMul gains nothing from int8)."""
+    from onnx_models import accumulator, accumulator_data
+
+    out = package_root / "accumulator-raw"
+    if _reusable(out):
+        return out
+    folder = tmp_path_factory.mktemp("accumulator")
+    return _exported(
+        out,
+        source=str(accumulator(folder / "accumulator.onnx")),
+        task="raw",
+        quantize="none",
+        eval_data=accumulator_data(folder / "calls.npz", calls=12),
     )
 
 

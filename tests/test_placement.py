@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -127,15 +128,32 @@ def test_coverage_failure_is_exit_code_1() -> None:
 
 
 @pytest.mark.slow
-def test_export_gate_fails_on_purpose_and_leaves_nothing(tmp_path: Path) -> None:
-    # a threshold above 1 cannot pass: the gate runs on the staged package, before the rename
+def test_export_gate_fails_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate runs on the staged package, before the rename. No accelerator runs here, so
+    the gate's verdict is an NPU taking half of the FLOPs (the gate's own arithmetic is
+    tested on real placements above)."""
+    from edgeinfer import placement as placement_module
+
+    def half_on_the_npu(package: Path, *, providers: Any, min_coverage: float) -> None:
+        assert (package / "manifest.json").is_file()  # staged, not yet renamed
+        raise EpCoverageError(
+            provider="OpenVINOExecutionProvider",
+            coverage=0.5,
+            min_coverage=min_coverage,
+            cpu_coverage=0.5,
+        )
+
+    monkeypatch.setattr(placement_module, "gate", half_on_the_npu)
     out = tmp_path / "gated"
     options = ExportOptions(
-        source="minilm", out=out, quantize="none", held_count=8, min_ep_coverage=1.01
+        source="minilm", out=out, quantize="none", held_count=8, min_ep_coverage=0.9
     )
     with pytest.raises(EpCoverageError):
         export(options)
     assert not out.exists()
     assert not (tmp_path / "gated.partial").exists()
-    with pytest.raises(ConfigError):
-        ExportOptions(source="minilm", out=out, min_ep_coverage=-0.1)
+    for bad in (-0.1, 1.01):
+        with pytest.raises(ConfigError, match="min_ep_coverage"):
+            ExportOptions(source="minilm", out=out, min_ep_coverage=bad)

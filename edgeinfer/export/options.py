@@ -10,9 +10,15 @@ from typing import Union
 from edgeinfer.config import QUANT_MODES, CalibrationMethod, QuantMode
 from edgeinfer.errors import ConfigError
 
-__all__ = ["BuilderOptions", "DecoderOptions", "EarlyExitOptions", "ExportOptions"]
+__all__ = [
+    "BuilderOptions",
+    "DecoderOptions",
+    "EarlyExitOptions",
+    "ExportOptions",
+    "OnnxFileOptions",
+]
 
-TASKS = ("auto", "embed", "classify", "generate")
+TASKS = ("auto", "embed", "classify", "generate", "raw")
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,27 @@ class DecoderOptions:
             raise ConfigError(f"kv_dtype must be float32 or float16, got {self.kv_dtype!r}")
 
 
-BuilderOptions = Union[EarlyExitOptions, DecoderOptions]  # noqa: UP007  # used at runtime
+@dataclass(frozen=True)
+class OnnxFileOptions:
+    """Exports of an ONNX file (docs/onnx.md).
+
+    Args:
+        labels: a text file with one class name per line, in output order (classifiers);
+            None: the folder's ``labels.txt``, its config's ``id2label``, else ``LABEL_i``.
+        state: ``INPUT=OUTPUT`` pairs of a stateful graph (raw); empty: found by name
+            (``state`` -> ``stateN``, ``past*`` -> ``present*``, ``h0`` -> ``hn``).
+    """
+
+    labels: Path | None = None
+    state: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for item in self.state:
+            if item.count("=") != 1 or item.startswith("=") or item.endswith("="):
+                raise ConfigError(f"state {item!r} must be INPUT=OUTPUT")
+
+
+BuilderOptions = Union[EarlyExitOptions, DecoderOptions, OnnxFileOptions]  # noqa: UP007
 
 
 @dataclass(frozen=True)

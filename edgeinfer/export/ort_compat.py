@@ -19,6 +19,7 @@ __all__ = [
     "fix_batch",
     "float_input_nodes",
     "preprocess",
+    "preprocess_any",
     "qnn_preprocess",
 ]
 
@@ -64,6 +65,22 @@ def preprocess(graph: Path, out_path: Path, *, contrib_ops: bool = False) -> Non
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     quant_pre_process(str(graph), str(out_path), skip_symbolic_shape=contrib_ops)
+
+
+def preprocess_any(graph: Path, out_path: Path) -> None:
+    """``preprocess`` for a graph from anywhere (a user's file): with symbolic shape inference
+    when it works, without it when it does not.
+
+    Workaround: onnxruntime's symbolic shape inference raises on graphs it does not know
+    (control flow such as ``If`` branches on a sample rate, some contrib ops);
+    ONNX's own shape inference and the optimizations still apply without it.
+    """
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    try:
+        quant_pre_process(str(graph), str(out_path))
+    except Exception:  # any failure of the optional symbolic pass
+        quant_pre_process(str(graph), str(out_path), skip_symbolic_shape=True)
 
 
 def avx2_weight_overrides(model: Any) -> dict[str, list[dict[str, Any]]]:

@@ -77,7 +77,12 @@ def read_io(graph: Path) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]
     """The graph's inputs and outputs (symbolic dims by name), for the manifest's ``io``."""
     import onnx
 
-    model = onnx.load(str(graph), load_external_data=False)
+    try:
+        model = onnx.load(str(graph), load_external_data=False)
+    except Exception as exc:  # protobuf raises DecodeError and others on a damaged file
+        raise ConfigError(
+            f"{graph.name} is not an ONNX model: {type(exc).__name__}: {exc}"
+        ) from exc
 
     def describe(values: Any) -> tuple[TensorSpec, ...]:
         specs = []
