@@ -58,6 +58,18 @@ def _require(module: str, pin: str) -> None:
         pytest.fail(f"pip install --no-deps {pin} (tools/setup.sh installs it)")
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _no_files_left_in_the_repo() -> object:
+    """Fail a test that leaves a new file in the repository's root (e.g. a stray external-data file)."""
+    before = set(os.listdir(REPO))
+    yield
+    stray = sorted(set(os.listdir(REPO)) - before - {".pytest_cache", ".mypy_cache", ".ruff_cache"})
+    assert not stray, f"the test left {stray} in the repository root"
+
+
 @pytest.fixture(scope="session")
 def export_once() -> Callable[..., Path]:
     """``export_once(out, **ExportOptions fields)``: reuse a verified package or export it."""
