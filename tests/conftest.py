@@ -63,7 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(autouse=True)
 def _no_files_left_in_the_repo() -> object:
-    """Fail a test that leaves a new file in the repository's root (e.g. a stray external-data file)."""
+    """Fail a test that leaves a new file in the repository root (a stray external-data file)."""
     before = set(os.listdir(REPO))
     yield
     stray = sorted(set(os.listdir(REPO)) - before - {".pytest_cache", ".mypy_cache", ".ruff_cache"})
