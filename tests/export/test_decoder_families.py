@@ -75,7 +75,7 @@ def test_every_family_matches_transformers_greedy_and_recompute(family: Any) -> 
             seq.append(cached[-1])
             step = gen.decode_one_token(cached[-1], len(seq) - 1)
         assert worst < MAX_ABS_LOGIT, (name, prompt, worst)
-        # the per-family table of docs/generation.md: pytest tests/export/test_decoder_families.py -s
+        # docs/generation.md per-family table: pytest tests/export/test_decoder_families.py -s
         print(
             f"{name} | {len(ids)} prompt tokens | export parity {parity['max_abs_logit_diff']:.1e}"
             f" | cached vs transformers and recompute {worst:.1e} | greedy {STEPS} equal"
