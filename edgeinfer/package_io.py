@@ -163,6 +163,14 @@ class DecoderIO:
     stop_token_ids: tuple[int, ...]
     chat_format: dict[str, Any] | None = None
     chat_template: str | None = None
+    add_bos_token: bool = False  # a plain-text prompt starts with the BOS token
+    kv_dtype: str = "float32"  # the past/present element type: float32 or float16
+    # The int64 input that picks the positions whose logits the graph computes (prefill: the
+    # last; verification: every drafted one); None: logits for every position.
+    logits_input: str | None = None
+    # The int64 output [B, R] with the argmax of each computed logits row (greedy decoding
+    # reads one integer per token instead of 49k floats); None: the graph has none.
+    argmax_output: str | None = None
 
 
 @dataclass(frozen=True)

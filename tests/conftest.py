@@ -168,7 +168,7 @@ def smollm2_package(package_root: Path) -> Path:
     return _exported(
         package_root / "smollm2-int8",
         source="smollm2-135m",
-        builder=DecoderOptions(variants=("int8-weight-only-fp32-head-edges",)),
+        builder=DecoderOptions(variants=("int8-weight-only-int8-embed-refined",)),
         held_count=24,
         threads=2,
         # The int8-vs-fp32 speed guard times both on a shared machine; fixtures must not

@@ -115,6 +115,10 @@ def export(
         str | None,
         typer.Option(help="generate: comma-separated quantized variants to try (default: all)"),
     ] = None,
+    kv_dtype: Annotated[
+        str | None,
+        typer.Option(help="generate: KV cache float32 (default) or float16 (half the memory)"),
+    ] = None,
     min_ep_coverage: Annotated[
         float | None,
         typer.Option(help="fail (exit 1) if the target's first provider takes less of the FLOPs"),
@@ -142,8 +146,9 @@ def export(
         builder = EarlyExitOptions(exit_every=exit_every, train_data=train_data)
     elif exit_every is not None or train_data is not None:
         raise ConfigError("--exit-every and --train-data go with --early-exit")
-    elif variants:
-        builder = DecoderOptions(variants=tuple(v.strip() for v in variants.split(",") if v))
+    elif variants or kv_dtype:
+        names = tuple(v.strip() for v in variants.split(",") if v) if variants else None
+        builder = DecoderOptions(variants=names, kv_dtype=kv_dtype or "float32")
     if labels is not None or state:
         if builder is not None:
             raise ConfigError(

@@ -53,16 +53,21 @@ class DecoderOptions:
             the fastest that passes the gate ships.
         context_length: KV positions the package allocates at most (default: the model's
             window, capped at 2048 for small devices).
+        kv_dtype: the KV cache's element type: "float32", or "float16" (attention in float16,
+            half the cache's memory; long contexts on small devices).
     """
 
     variants: tuple[str, ...] | None = None
     context_length: int | None = None
+    kv_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.variants is not None and not self.variants:
             raise ConfigError("variants must name at least one variant, or be None")
         if self.context_length is not None and self.context_length < 2:
             raise ConfigError(f"context_length must be >= 2, got {self.context_length}")
+        if self.kv_dtype not in ("float32", "float16"):
+            raise ConfigError(f"kv_dtype must be float32 or float16, got {self.kv_dtype!r}")
 
 
 @dataclass(frozen=True)

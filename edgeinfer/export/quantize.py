@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.config import QuantConfig
-from edgeinfer.export import ort_compat
+from edgeinfer.errors import ConfigError
+from edgeinfer.export import ort_compat, package
 
 __all__ = [
     "convert_fp16",
@@ -108,6 +109,9 @@ def quantize_decoder_dynamic(graph: Path, out_path: Path, *, exclude: Sequence[s
     )
 
 
+WEIGHT_ONLY_ALGORITHMS = ("rtn", "rtn-asym", "k_quant", "hqq")
+
+
 def quantize_weight_only(
     graph: Path,
     out_path: Path,
@@ -117,30 +121,45 @@ def quantize_weight_only(
     exclude: Sequence[str] = (),
     include: Sequence[str] | None = None,
     accuracy_level: int = 4,
+    algorithm: str = "rtn",
 ) -> None:
-    """Weight-only int8/int4 ``MatMulNBits`` (blockwise, symmetric) of a decoder graph.
+    """Weight-only int8/int4 ``MatMulNBits`` (blockwise) of a decoder graph's ``MatMul``s:
+    those named in ``include`` (default: all) but not in ``exclude``.
 
     accuracy_level 4 lets the CPU kernel quantize activations to int8 per block and use integer
     dot products (VNNI/AVX2/sdot), the fastest path on CPUs; 1 keeps activations fp32 (weights
-    dequantized per block), slower but exact up to the weights. Symmetric blocks: asymmetric
-    ones wrote zero-point layouts that some onnxruntime builds failed to load (probe with
-    onnxruntime-genai's builder).
+    dequantized per block), slower but exact up to the weights. ``algorithm`` picks
+    onnxruntime's quantizer: ``rtn`` (round to nearest, symmetric), ``rtn-asym`` (with 4-bit
+    zero points), ``k_quant`` (llama.cpp-style scale search), ``hqq`` (half-quadratic, float
+    zero points: onnxruntime cannot prepack those and runs them on its slow unpacked path).
     """
     import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    from onnxruntime.quantization import matmul_nbits_quantizer as nbits
 
+    if algorithm not in WEIGHT_ONLY_ALGORITHMS:
+        raise ConfigError(f"unknown algorithm {algorithm!r}: use {WEIGHT_ONLY_ALGORITHMS}")
     model = onnx.load(str(graph))
-    quantizer = MatMulNBitsQuantizer(
+    skipped = list(exclude)
+    if include is not None:  # onnxruntime's quantizer ignores nodes_to_include
+        wanted = set(include)
+        skipped += [
+            n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in wanted
+        ]
+    configs: dict[str, Any] = {
+        "k_quant": nbits.KQuantWeightOnlyQuantConfig,
+        "hqq": lambda: nbits.HQQWeightOnlyQuantConfig(block_size=block_size, bits=bits),
+    }
+    quantizer = nbits.MatMulNBitsQuantizer(
         model,
         bits=bits,
         block_size=block_size,
-        is_symmetric=True,
+        is_symmetric=algorithm == "rtn",
         accuracy_level=accuracy_level,
-        nodes_to_exclude=list(exclude),
-        nodes_to_include=list(include) if include is not None else None,
+        nodes_to_exclude=skipped,
+        algo_config=configs[algorithm]() if algorithm in configs else None,
     )
     quantizer.process()
-    onnx.save(quantizer.model.model, str(out_path))
+    package.save_graph(quantizer.model.model, out_path)
 
 
 # What dynamic int8 quantizes in a graph from anywhere (``quantize_dynamic_any``).
