@@ -212,6 +212,8 @@ class QuantConfig:
     reduce_range: bool = False
     activation_symmetric: bool = False
     calibration_method: CalibrationMethod = "minmax"
+    # "percentile": the activation percentile kept (onnxruntime's default).
+    calibration_percentile: float = 99.999
     calibration_size: int = 128
     providers: tuple[str, ...] = ("cpu",)
     ops_to_quantize: tuple[str, ...] = field(
@@ -241,6 +243,10 @@ class QuantConfig:
             )
         if self.calibration_size < 1:
             raise ConfigError(f"calibration_size must be >= 1, got {self.calibration_size}")
+        if not 50.0 < self.calibration_percentile <= 100.0:
+            raise ConfigError(
+                f"calibration_percentile must be in (50, 100], got {self.calibration_percentile}"
+            )
 
     @classmethod
     def cpu_avx2(cls) -> QuantConfig:
@@ -354,12 +360,16 @@ class SamplingConfig:
             (nucleus sampling); 1.0 turns the filter off.
         seed: seed of the random generator, for reproducible sampling; ``None`` draws a fresh
             seed per request.
+        draft_tokens: greedy decoding drafts up to this many tokens per step by prompt lookup
+            (the continuation of an earlier occurrence of the last words) and verifies them in
+            one pass: the same tokens, faster when the answer quotes its input; 0 turns it off.
     """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    draft_tokens: int = 8  # verifying 9 rows costs ~2 one-row steps on a 2-core CPU
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.temperature <= 100.0:
@@ -370,6 +380,8 @@ class SamplingConfig:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None and self.seed < 0:
             raise ConfigError(f"seed must be >= 0, got {self.seed}")
+        if not 0 <= self.draft_tokens <= 64:
+            raise ConfigError(f"draft_tokens must be in [0, 64], got {self.draft_tokens}")
 
     @property
     def greedy(self) -> bool:

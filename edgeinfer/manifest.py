@@ -34,8 +34,8 @@ SCHEMA_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 # manifest ``extra`` key: the TensorRT engine cache folder, relative to the package.
 ENGINE_CACHE_DIR_KEY = "engine_cache_dir"
-Task = Literal["embed", "classify", "generate"]
-TASKS: tuple[str, ...] = ("embed", "classify", "generate")
+Task = Literal["embed", "classify", "generate", "raw"]
+TASKS: tuple[str, ...] = ("embed", "classify", "generate", "raw")
 _CHUNK_BYTES = 1 << 20
 IO = TypeVar("IO")
 

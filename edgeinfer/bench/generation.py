@@ -6,6 +6,12 @@ this machine's read bandwidth (a ReduceSum over 512 MiB in onnxruntime at the sa
 divided by the weight bytes a decode step reads; the achieved fraction says how close the
 package runs to what the memory allows. The PyTorch baseline is Hugging Face ``generate``
 (greedy, KV cache on) on the package's source model in fp32.
+
+The llama.cpp baseline runs a GGUF file through the ``xllamacpp`` wheel (the ``llamacpp``
+extra) on the same prompt token ids, greedy, eos ignored: its own timings give the time to first
+token (prompt processing) and the decode rate. Every engine runs in its own process (peak RSS,
+cold start and file bytes are its own), and the rounds are interleaved so that a noisy machine
+slows every engine alike; the table gives the medians over the rounds.
 """
 
 from __future__ import annotations
@@ -21,15 +27,20 @@ from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import DecoderIO
 
 __all__ = [
-    "bench_package",
     "bytes_per_token",
+    "prompt_ids",
     "read_bandwidth_gbs",
     "run_generation_bench",
+    "source_gguf",
     "source_spec",
 ]
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
+# Read one row per token, not whole: the embedding table and the rotary tables.
 _NOT_READ_PER_TOKEN = ("model.embed_tokens.weight", "cos_cache", "sin_cache")
+# Idle intra-op threads spin for a moment after a run; a pause keeps one engine's threads from
+# stealing cycles from the next.
+_SETTLE_S = 0.2
 
 
 def read_bandwidth_gbs(threads: int, mib: int = 512) -> float:
@@ -73,61 +84,117 @@ def bytes_per_token(graph: Path) -> int:
     model = onnx.load(str(graph), load_external_data=False)
     total = 0
     for init in model.graph.initializer:
-        if init.name not in _NOT_READ_PER_TOKEN:
+        if init.name.startswith(_NOT_READ_PER_TOKEN):
+            continue
+        external = {e.key: e.value for e in init.external_data}
+        if "length" in external:  # weights in the package's external data file
+            total += int(external["length"])
+        else:
             total += len(init.raw_data) or onnx.numpy_helper.to_array(init).nbytes
     return total
 
 
-def bench_package(package: Path, *, threads: int, tokens: int, bandwidth: float) -> dict[str, Any]:
-    """Decode ``tokens`` greedy steps through the runtime's own loop (eos not honoured)."""
-    from edgeinfer.config import RuntimeConfig
-    from edgeinfer.runtime.generate import Generator
+def prompt_ids(package: Path) -> list[int]:
+    """The bench prompt as the package encodes it: ``PROMPT`` through its chat template, or
+    the message's text (with BOS when its tokenizer adds one) when it has none."""
+    from tokenizers import Tokenizer
+
+    from edgeinfer.runtime.chat import render_chat
 
     manifest = Manifest.read(package)
     io = manifest.io_as(DecoderIO)
-    # A 512-token window holds the prompt and the decoded tokens without a full-size KV cache.
-    window = min(512, io.context_length)
-    gen = Generator(package, manifest, config=RuntimeConfig(threads=threads), context_length=window)
-    ids = gen.encode(PROMPT)
-    if len(ids) + tokens > window:
-        raise ConfigError(
-            f"{len(ids)} prompt tokens + {tokens} decode tokens exceed the {window}-token window"
-        )
-    for _ in range(2):  # warm-up: kernel selection, allocations
-        gen.generate(PROMPT, max_new_tokens=4)
-    gen.forget_prefix()  # the warm-up left this prompt in the cache: time a cold prefill
-    started = time.perf_counter()
-    token = int(np.argmax(gen.prefill(ids)))
-    ttft_s = time.perf_counter() - started
-    gen.run_seconds = 0.0
-    steps = []
-    begin = time.perf_counter()
-    for position in range(len(ids), len(ids) + tokens):
-        t0 = time.perf_counter()
-        token = int(np.argmax(gen.decode_one_token(token, position)))
-        steps.append(time.perf_counter() - t0)
-    wall = time.perf_counter() - begin
-    rate = tokens / wall
-    weight_bytes = bytes_per_token(package / io.graph)
+    tok = Tokenizer.from_file(str(package / io.tokenizer))
+    chat = io.chat_format
+    text = render_chat(chat, PROMPT) if chat else PROMPT[-1]["content"]
+    bos = manifest.tokens.get("bos")
+    head = [int(bos)] if not chat and io.add_bos_token and bos is not None else []
+    return head + list(tok.encode(text, add_special_tokens=False).ids)
+
+
+def _summary(loaded: dict[str, Any], runs: list[dict[str, Any]], rss: int) -> dict[str, Any]:
+    """Medians over the interleaved rounds (time to first token, decode tokens/s), the file
+    bytes, cold start and peak RSS of one engine."""
+    return {
+        "ttft_ms": round(float(np.median([r["ttft_ms"] for r in runs])), 1),
+        "decode_tokens_per_s": round(float(np.median([r["decode_tokens_per_s"] for r in runs])), 1),
+        "file_mb": round(loaded["file_bytes"] / 1e6, 1),
+        "cold_start_ms": round(float(loaded["cold_start_ms"]), 1),
+        "peak_rss_mb": round(rss / 2**20, 1),
+    }
+
+
+def _package_row(
+    package: Path, loaded: dict[str, Any], runs: list[dict[str, Any]], rss: int, bandwidth: float
+) -> dict[str, Any]:
+    manifest = Manifest.read(package)
+    ms = np.array([s for r in runs for s in r["inter_token_ms"]])
+    rate = float(np.median([r["decode_tokens_per_s"] for r in runs]))
+    graph = manifest.io.graph
+    weight_bytes = bytes_per_token(package / graph)
     roofline = bandwidth * 1e9 / weight_bytes
-    ms = np.array(steps) * 1e3
     return {
         "inter_token_samples_ms": [round(float(v), 4) for v in ms],
         "package": str(package),
         "precision": manifest.precision,
-        "graph_mb": round((package / io.graph).stat().st_size / 1e6, 1),
-        "prompt_tokens": len(ids),
-        "ttft_ms": round(ttft_s * 1e3, 1),
-        "decode_tokens_per_s": round(rate, 1),
+        "graph_mb": round(  # the graph and its external weights
+            sum((package / n).stat().st_size for n in manifest.files if n.startswith(graph)) / 1e6,
+            1,
+        ),
+        **_summary(loaded, runs, rss),
         "inter_token_ms": {
             p: round(float(np.percentile(ms, q)), 2)
             for p, q in (("p50", 50), ("p95", 95), ("p99", 99))
         },
-        "python_overhead_us_per_token": round((wall - gen.run_seconds) / tokens * 1e6, 1),
+        "python_overhead_us_per_token": round(
+            float(np.median([r["python_overhead_us_per_token"] for r in runs])), 1
+        ),
         "weight_mb_per_token": round(weight_bytes / 1e6, 1),
         "roofline_tokens_per_s": round(roofline, 1),
         "roofline_fraction": round(rate / roofline, 3),
     }
+
+
+def _measure(
+    engines: list[tuple[str, Path]], ids: list[int], *, threads: int, tokens: int, rounds: int
+) -> list[tuple[dict[str, Any], list[dict[str, Any]], int]]:
+    """Each engine in its own process, the rounds interleaved: (load report, runs, peak RSS)."""
+    from edgeinfer.bench.runner import Candidate, _Worker
+
+    extra = {"prompt_ids": ids, "tokens": tokens}
+    workers: list[_Worker] = []
+    runs: list[list[dict[str, Any]]] = [[] for _ in engines]
+    rss = [0 for _ in engines]
+    try:
+        for kind, path in engines:  # started one at a time: cold starts do not compete
+            candidate = Candidate(path.name, kind, path)  # type: ignore[arg-type]
+            module = "edgeinfer.bench.generation_worker"
+            workers.append(_Worker(candidate, [], threads, module=module, extra=extra))
+        for round_index in range(rounds):
+            for k, worker in enumerate(workers):
+                reply = worker.measure(1, 1 if round_index == 0 else 0)
+                runs[k].extend(reply["runs"])
+                rss[k] = int(reply["peak_rss_bytes"])
+                time.sleep(_SETTLE_S)
+    finally:
+        for worker in workers:
+            worker.close()
+    return [(w.loaded, r, m) for w, r, m in zip(workers, runs, rss, strict=True)]
+
+
+def source_gguf(package: Path) -> Path:
+    """The GGUF file a generate package was exported from (the llama.cpp baseline's default)."""
+    from edgeinfer.export import recipes
+
+    described = Manifest.read(package).source
+    recipe = recipes.find(str(described.get("name"))) if described.get("builtin") else None
+    folder = recipe.locate() if recipe is not None else Path(str(described.get("path")))
+    ggufs = sorted(folder.glob("*.gguf")) if folder.is_dir() else []
+    if not ggufs:
+        raise ConfigError(
+            f"{package}'s source ({folder}) is no GGUF file; name one: --baseline llama.cpp:FILE"
+        )
+    found: Path = ggufs[0]
+    return found
 
 
 def source_spec(package: Path) -> str:
@@ -140,19 +207,52 @@ def source_spec(package: Path) -> str:
 
 
 def run_generation_bench(
-    packages: list[Path], *, threads: int, tokens: int, torch_source: str | None
+    packages: list[Path],
+    *,
+    threads: int,
+    tokens: int,
+    torch_source: str | None,
+    llamacpp: list[Path] | None = None,
+    rounds: int = 3,
 ) -> dict[str, Any]:
-    """Measure ``packages`` (and Hugging Face ``generate`` on ``torch_source``) in one run."""
-    if tokens < 1:
-        raise ConfigError(f"tokens must be >= 1, got {tokens}")
+    """Measure ``packages`` (and llama.cpp on each GGUF of ``llamacpp``, and Hugging Face
+    ``generate`` on ``torch_source``) in one run: the same prompt ids (the first package's
+    encoding of ``PROMPT``), one process per engine, ``rounds`` interleaved rounds."""
+    if tokens < 1 or rounds < 1:
+        raise ConfigError(f"tokens and rounds must be >= 1, got {tokens} and {rounds}")
     bandwidth = read_bandwidth_gbs(threads)
-    rows = [bench_package(p, threads=threads, tokens=tokens, bandwidth=bandwidth) for p in packages]
+    ids = prompt_ids(packages[0])
+    engines = [("package", p) for p in packages] + [("llamacpp", g) for g in llamacpp or []]
+    measured = _measure(engines, ids, threads=threads, tokens=tokens, rounds=rounds)
+    rows = [
+        {**_package_row(p, *m, bandwidth), "prompt_tokens": len(ids)}
+        for p, m in zip(packages, measured, strict=False)
+    ]
+    reference = measured[0][0]["token_ids"]
     out: dict[str, Any] = {
         "threads": threads,
         "tokens": tokens,
+        "rounds": rounds,
+        "prompt_tokens": len(ids),
         "read_bandwidth_gbs": round(bandwidth, 2),
         "packages": rows,
     }
+    if llamacpp:
+        out["llamacpp"] = [
+            {
+                "engine": "llama.cpp",
+                "gguf": str(gguf),
+                **_summary(*m),
+                # greedy on the same model: the first tokens agree unless a near-tie flips
+                "same_first_tokens": _common_prefix(m[0]["token_ids"], reference),
+            }
+            for gguf, m in zip(llamacpp, measured[len(packages) :], strict=True)
+        ]
+        for row in rows:
+            row["speedup_vs_llamacpp"] = [
+                round(row["decode_tokens_per_s"] / c["decode_tokens_per_s"], 2)
+                for c in out["llamacpp"]
+            ]
     if torch_source:
         from edgeinfer.export.reference import hf_generate_speed
 
@@ -162,3 +262,13 @@ def run_generation_bench(
                 row["decode_tokens_per_s"] / out["torch"]["decode_tokens_per_s"], 2
             )
     return out
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    count = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        count += 1
+    return count

@@ -84,7 +84,8 @@ def plot(result: BenchResult, path: Path) -> None:
 
 
 def generation_table(result: dict[str, Any]) -> Table:
-    """A rich table of a generation bench: one row per package, then the PyTorch baseline."""
+    """A rich table of a generation bench: one row per package, then the llama.cpp and PyTorch
+    baselines."""
     out = Table(
         title=(
             f"batch 1 · {result['tokens']} decode tokens · {result['threads']} threads · "
@@ -99,6 +100,8 @@ def generation_table(result: dict[str, Any]) -> Table:
         "overhead µs/tok",
         "roofline tok/s",
         "of roofline",
+        "file MB",
+        "peak RSS MB",
         "vs PyTorch",
     ):
         out.add_column(column, justify="left" if column == "candidate" else "right")
@@ -113,7 +116,19 @@ def generation_table(result: dict[str, Any]) -> Table:
             f"{row['python_overhead_us_per_token']:.0f}",
             f"{row['roofline_tokens_per_s']:.1f}",
             f"{row['roofline_fraction']:.0%}",
+            f"{row['file_mb']:.1f}",
+            f"{row['peak_rss_mb']:.0f}",
             f"{speed:.2f}x" if speed is not None else "—",
+        )
+    for c in result.get("llamacpp", []):
+        out.add_row(
+            f"llama.cpp {Path(c['gguf']).name}",
+            f"{c['ttft_ms']:.1f}",
+            f"{c['decode_tokens_per_s']:.1f}",
+            *("—",) * 4,
+            f"{c['file_mb']:.1f}",
+            f"{c['peak_rss_mb']:.0f}",
+            "—",
         )
     if "torch" in result:
         t = result["torch"]
@@ -121,6 +136,8 @@ def generation_table(result: dict[str, Any]) -> Table:
             t["baseline"],
             f"{t['ttft_ms']:.1f}",
             f"{t['decode_tokens_per_s']:.1f}",
+            "—",
+            "—",
             "—",
             "—",
             "—",

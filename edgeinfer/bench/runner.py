@@ -64,7 +64,7 @@ class Candidate:
     """One thing to measure: a package, or the PyTorch eager run of a package's source."""
 
     label: str
-    kind: Literal["package", "torch"]
+    kind: Literal["package", "torch", "llamacpp"]
     path: Path
 
 
@@ -146,12 +146,21 @@ def make_text(package: Path, seq_len: int) -> tuple[str, int]:
 
 
 class _Worker:
-    """A candidate's process (``python -m edgeinfer.bench.worker``)."""
+    """A candidate's process (``python -m edgeinfer.bench.worker``, or ``module``; ``extra``
+    joins the spec it is sent first)."""
 
-    def __init__(self, candidate: Candidate, texts: list[str], threads: int) -> None:
+    def __init__(
+        self,
+        candidate: Candidate,
+        texts: list[str],
+        threads: int,
+        *,
+        module: str = "edgeinfer.bench.worker",
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         self.candidate = candidate
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "edgeinfer.bench.worker"],
+            [sys.executable, "-m", module],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -161,8 +170,10 @@ class _Worker:
             "path": str(candidate.path),
             "threads": threads,
             "texts": texts,
+            **(extra or {}),
         }
-        self.cold_start_ms = float(self._ask(spec)["cold_start_ms"])
+        self.loaded = self._ask(spec)  # the load report
+        self.cold_start_ms = float(self.loaded["cold_start_ms"])
 
     def _ask(self, message: dict[str, Any]) -> dict[str, Any]:
         assert self._proc.stdin is not None and self._proc.stdout is not None  # set by Popen

@@ -1,39 +1,29 @@
-"""Camera frames to the package's input: decode JPEG/PNG, center-crop, resize (Pillow).
+"""Camera frames to the package's input: decode JPEG/PNG, then resize and crop (Pillow).
 
 An image classifier takes uint8 RGB [N, H, W, 3] at the size in its manifest (``io.image``).
 A frame of that size passes through untouched; any other frame (or an encoded JPEG/PNG) is
-cut to the package's aspect ratio around its center and resized with a bilinear filter, the
-preprocessing the export's accuracy gate used. Pillow is the optional ``images`` extra.
+resized and cropped as the manifest says (``runtime.images.fit``), the preprocessing the
+export's accuracy gate used. Pillow is the optional ``images`` extra.
 """
 
 from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 
-from edgeinfer.errors import InputError, MissingDependencyError
+from edgeinfer.errors import InputError
+from edgeinfer.package_io import ImageSpec
+from edgeinfer.runtime.images import MAX_PIXELS, fit, pil
 
 __all__ = ["MAX_PIXELS", "frames_to_batch"]
-
-# Decoded pixels per image at most: a 4096 x 4096 frame; a compressed bomb is refused before
-# it is decoded (the payload limit bounds only the compressed size).
-MAX_PIXELS: Final = 4096 * 4096
-
-
-def _pil() -> Any:
-    try:
-        from PIL import Image
-    except ImportError as exc:
-        raise MissingDependencyError("pillow", "images") from exc
-    return Image
 
 
 def _decode(fmt: str, data: bytes, size: tuple[int, int]) -> Any:
     """A Pillow RGB image from JPEG/PNG bytes (JPEG decoded at a reduced scale when larger)."""
-    image_mod = _pil()
+    image_mod = pil()
     try:
         img = image_mod.open(io.BytesIO(data), formats=[fmt.upper()])
         if img.width * img.height > MAX_PIXELS:
@@ -48,27 +38,19 @@ def _decode(fmt: str, data: bytes, size: tuple[int, int]) -> Any:
         raise InputError(f"not a readable {fmt} image: {type(exc).__name__}: {exc}") from exc
 
 
-def _fit(img: Any, height: int, width: int) -> np.ndarray:
-    """Center-crop ``img`` to height:width, then resize to [height, width, 3] uint8."""
-    image_mod = _pil()
-    w, h = img.size
-    scale = min(w / width, h / height)
-    crop_w, crop_h = round(width * scale), round(height * scale)
-    left, top = (w - crop_w) // 2, (h - crop_h) // 2
-    box = (left, top, left + crop_w, top + crop_h)
-    resized = img.resize((width, height), image_mod.Resampling.BILINEAR, box=box)
-    return np.asarray(resized, dtype=np.uint8)
-
-
 def frames_to_batch(
-    frames: Sequence[np.ndarray | tuple[str, bytes]], *, height: int, width: int
+    frames: Sequence[np.ndarray | tuple[str, bytes]], *, image: ImageSpec
 ) -> np.ndarray:
-    """uint8 RGB [N, height, width, 3] from raw [H, W, 3] arrays and (format, bytes) images.
+    """uint8 RGB [N, height, width, 3] from raw [H, W, 3] arrays and (format, bytes) images,
+    resized and cropped as ``image`` (the package's ``io.image``) says.
 
     Raises:
         InputError: an image that cannot be read or is too large.
         MissingDependencyError: an encoded image or a resize without Pillow installed.
     """
+    height, width = image.height, image.width
+    shorter = image.shorter_side if image.resize == "shorter-side" else None
+    draft = (shorter, shorter) if shorter else (width, height)  # JPEG decoded at least this big
     out = np.empty((len(frames), height, width, 3), np.uint8)  # written in place
     for i, frame in enumerate(frames):
         if isinstance(frame, np.ndarray):
@@ -77,7 +59,7 @@ def frames_to_batch(
                 continue
             if frame.shape[0] * frame.shape[1] > MAX_PIXELS or 0 in frame.shape:
                 raise InputError(f"image {i} is {list(frame.shape)}; too large or empty")
-            out[i] = _fit(_pil().fromarray(np.ascontiguousarray(frame)), height, width)
+            out[i] = fit(pil().fromarray(np.ascontiguousarray(frame)), image)
         else:
-            out[i] = _fit(_decode(frame[0], frame[1], (width, height)), height, width)
+            out[i] = fit(_decode(frame[0], frame[1], draft), image)
     return out

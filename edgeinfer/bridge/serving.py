@@ -50,9 +50,8 @@ def kind_of(model: ServedModel) -> str:
     return _REQUEST_KINDS.get(model.manifest.io.kind, "text")
 
 
-def _image_size(manifest: Any) -> tuple[int, int]:
-    image = manifest.io_as(ImageClassifierIO).image
-    return image.height, image.width
+def _image_spec(manifest: Any) -> Any:
+    return manifest.io_as(ImageClassifierIO).image
 
 
 class ModelTable:
@@ -183,8 +182,7 @@ def run_request(name: str, model: Any, request: proto.Request, streams: StreamTa
             return Outcome(_vectors([a.vector for a in answers], request.encoding), cached)
         return _labels(model.classify(list(given.texts), truncate=given.truncate))
     if isinstance(given, kinds.ImageInput):
-        height, width = _image_size(model.manifest)
-        batch = frames_to_batch(given.images, height=height, width=width)  # [N, H, W, 3]
+        batch = frames_to_batch(given.images, image=_image_spec(model.manifest))  # [N, H, W, 3]
         return _labels(model.classify(batch))
     if isinstance(given, kinds.TensorInput):
         extra: dict[str, Any] = {}

@@ -17,7 +17,9 @@ def bench(
     baseline: Annotated[
         list[str] | None,
         typer.Option(
-            help="'torch' (the source model in PyTorch eager) or another package; repeatable"
+            help="'torch' (the source model in PyTorch eager) or another package; repeatable. "
+            "Generate packages: 'llama.cpp' (its source GGUF on llama.cpp) or "
+            "'llama.cpp:FILE.gguf'"
         ),
     ] = None,
     runs: Annotated[int, typer.Option(help="timed runs per candidate")] = 200,
@@ -53,7 +55,13 @@ def bench(
     manifest = Manifest.read(package)
     if manifest.task == "generate":
         speedups = _bench_generate(
-            package, baseline or [], config.thread_count, tokens, plot=plot, json_output=json_output
+            package,
+            baseline or [],
+            config.thread_count,
+            tokens,
+            rounds=rounds,
+            plot=plot,
+            json_output=json_output,
         )
         _check_budget(speedups, min_speedup)
         return
@@ -99,18 +107,30 @@ def _bench_generate(
     threads: int,
     tokens: int,
     *,
+    rounds: int,
     plot: Path | None,
     json_output: bool,
 ) -> dict[str, float]:
-    """Decode speed of a generate package (and of package/PyTorch baselines); returns the
-    subject's tokens/s speedup over each baseline."""
+    """Decode speed of a generate package (and of package, llama.cpp and PyTorch baselines);
+    returns the subject's tokens/s speedup over each baseline."""
     from edgeinfer.bench import generation, report
 
-    others = [Path(name) for name in baselines if name != "torch"]
+    ggufs = [
+        Path(name.split(":", 1)[1]) if ":" in name else generation.source_gguf(package)
+        for name in baselines
+        if name == "llama.cpp" or name.startswith("llama.cpp:")
+    ]
+    ggufs = list(dict.fromkeys(ggufs))  # a file named twice is measured once
+    others = [Path(n) for n in baselines if n != "torch" and not n.startswith("llama.cpp")]
     torch_source = generation.source_spec(package) if "torch" in baselines else None
     with console.status(f"benchmarking generation of {package.name} …"):
         result = generation.run_generation_bench(
-            [package, *others], threads=threads, tokens=tokens, torch_source=torch_source
+            [package, *others],
+            threads=threads,
+            tokens=tokens,
+            torch_source=torch_source,
+            llamacpp=ggufs,
+            rounds=rounds,
         )
     if plot is not None:
         report.generation_plot(result, plot)
@@ -120,6 +140,8 @@ def _bench_generate(
         f"{Path(r['package']).name} ({r['precision']})": subject_rate / r["decode_tokens_per_s"]
         for r in rows[1:]
     }
+    for row in result.get("llamacpp", []):
+        speedups[f"llama.cpp {Path(row['gguf']).name}"] = subject_rate / row["decode_tokens_per_s"]
     if "torch" in result:
         speedups[result["torch"]["baseline"]] = rows[0]["speedup_vs_torch"]
     if json_output:

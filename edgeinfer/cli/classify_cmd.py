@@ -1,4 +1,5 @@
-"""``edgeinfer classify PKG "text" ...`` (or ``--image FILE.npy``): classify with a package."""
+"""``edgeinfer classify PKG "text" ...`` (or ``--image PHOTO|FILE.npy``): classify with a
+package."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ def classify(
     texts: Annotated[list[str] | None, typer.Argument(help="texts to classify")] = None,
     image: Annotated[
         Path | None,
-        typer.Option(help="a .npy image array, intensities in [0, 1]: [H, W] or [N, 1, H, W]"),
+        typer.Option(
+            help="an image file (.jpg, .png, ...; resized as the package says) or a .npy array "
+            "(uint8 RGB [N, H, W, 3]; early-exit CNNs: intensities in [0, 1])"
+        ),
     ] = None,
     exit_threshold: Annotated[
         float | None, typer.Option(help="early exit: threshold of the exit rule")
@@ -28,16 +32,20 @@ def classify(
     threads: Annotated[int | None, typer.Option(help="intra-op threads (default: all)")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print the results as JSON")] = False,
 ) -> None:
-    """Classify texts (or the images of a .npy file) and print label, score and exit layer."""
+    """Classify texts (or an image, or the images of a .npy file) and print label, score and
+    exit layer."""
     import numpy as np
 
     from edgeinfer.errors import ConfigError, InputError
     from edgeinfer.runtime.model import load
 
     if (image is None) == (not texts):
-        raise ConfigError("give texts to classify, or --image FILE.npy (not both)")
+        raise ConfigError("give texts to classify, or --image PHOTO|FILE.npy (not both)")
     model = load(package, threads=threads)
-    if image is not None:
+    if image is not None and image.suffix != ".npy":
+        results = model.classify(str(image), exit_threshold=exit_threshold, exit_policy=exit_policy)
+        names = [image.name]
+    elif image is not None:
         try:
             inputs = np.load(image, allow_pickle=False)
         except (OSError, ValueError) as exc:

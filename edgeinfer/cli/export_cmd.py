@@ -23,6 +23,7 @@ class TaskChoice(str, Enum):
     embed = "embed"
     classify = "classify"
     generate = "generate"
+    raw = "raw"
 
 
 class QuantChoice(str, Enum):
@@ -42,7 +43,8 @@ def export(
     source: Annotated[
         str | None,
         typer.Argument(
-            help="a builtin (see --list), a local Hugging Face model folder or a GGUF folder"
+            help="a builtin (see --list), a local Hugging Face model folder, a GGUF folder, "
+            "or an ONNX file (or a folder holding one; docs/onnx.md)"
         ),
     ] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="package folder to write")] = None,
@@ -65,7 +67,8 @@ def export(
         Path | None,
         typer.Option(
             help="calibration data: text (.txt lines, .jsonl with 'text'); images (a folder, "
-            "an image, a .npy uint8 [N,H,W,3]) or 'builtin'"
+            "an image, a .npy uint8 [N,H,W,3]) or 'builtin'; tensors for raw ONNX graphs "
+            "(.npz, .npy or a folder of them)"
         ),
     ] = None,
     calibration_method: Annotated[
@@ -73,7 +76,22 @@ def export(
         typer.Option(help="int8-static activation ranges (default: the target's)"),
     ] = None,
     eval_data: Annotated[
-        Path | None, typer.Option(help="held data for the accuracy gate (default: built-in)")
+        Path | None,
+        typer.Option(
+            help="held data for the accuracy gate, in the calibration forms (default: a held "
+            "part of --calibration, else built-in)"
+        ),
+    ] = None,
+    labels: Annotated[
+        Path | None,
+        typer.Option(help="ONNX classifiers: class names, one per line, in output order"),
+    ] = None,
+    state: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="raw ONNX graphs: a state INPUT=OUTPUT pair carried between calls "
+            "(repeatable; default: found by name)"
+        ),
     ] = None,
     max_accuracy_loss: Annotated[
         float | None,
@@ -117,6 +135,10 @@ def export(
         str | None,
         typer.Option(help="generate: comma-separated quantized variants to try (default: all)"),
     ] = None,
+    kv_dtype: Annotated[
+        str | None,
+        typer.Option(help="generate: KV cache float32 (default) or float16 (half the memory)"),
+    ] = None,
     min_ep_coverage: Annotated[
         float | None,
         typer.Option(help="fail (exit 1) if the target's first provider takes less of the FLOPs"),
@@ -135,6 +157,7 @@ def export(
         DecoderOptions,
         EarlyExitOptions,
         ExportOptions,
+        OnnxFileOptions,
     )
     from edgeinfer.export.run import export as run_export
 
@@ -153,8 +176,16 @@ def export(
             "--exit-every goes with --early-exit, --distill-epochs with --distill-layers or "
             "--prune-*, --train-data with either"
         )
-    elif variants:
-        builder = DecoderOptions(variants=tuple(v.strip() for v in variants.split(",") if v))
+    elif variants or kv_dtype:
+        names = tuple(v.strip() for v in variants.split(",") if v) if variants else None
+        builder = DecoderOptions(variants=names, kv_dtype=kv_dtype or "float32")
+    if labels is not None or state:
+        if builder is not None:
+            raise ConfigError(
+                "--labels and --state export ONNX files: drop --early-exit, --variants and "
+                "--distill-layers"
+            )
+        builder = OnnxFileOptions(labels=labels, state=tuple(state or ()))
     options = ExportOptions(
         source=source,
         out=out,
@@ -187,15 +218,23 @@ def export(
         print_json(report.to_dict())
         return
     chosen = report.variants[report.chosen or "fp32"]
-    speed = chosen.get("speed", {}).get("speedup_vs_fp32")
-    console.print(
-        f"wrote [bold]{out}[/]: {chosen['accuracy']['summary']}"
-        + (f", {speed:.2f}x fp32 speed" if speed else "")
-    )
+    speed = chosen.get("speed", {})
+    console.print(f"wrote [bold]{out}[/]: {chosen['accuracy']['summary']}" + _speed(speed))
     if report.pareto:
         console.print(pareto_table(report.pareto), soft_wrap=True)
     for warning in report.warnings:
         console.print(f"[yellow]warning[/]: {warning}")
+
+
+def _speed(speed: dict[str, Any]) -> str:
+    """The speed guard's ratio with its interval, for the closing line ('' when not timed)."""
+    if not speed:
+        return ""
+    low, high = speed["interval"]
+    return (
+        f", {speed['speedup_vs_fp32']:.2f}x fp32 speed (99 % interval {low:.2f}-{high:.2f}, "
+        f"{speed['pairs']} paired runs)"
+    )
 
 
 def _shrink_options(

@@ -13,11 +13,20 @@ import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+
+import numpy as np
 
 from edgeinfer.errors import ConfigError, MissingDependencyError
 
-__all__ = ["bbc_articles", "builtin_text", "read_text_file", "training_text"]
+__all__ = [
+    "bbc_articles",
+    "builtin_text",
+    "read_text_file",
+    "split_texts",
+    "text_feeds",
+    "training_text",
+]
 
 Split = Literal["calibration", "held"]
 
@@ -99,3 +108,27 @@ def read_text_file(path: Path) -> list[str]:
     if not texts:
         raise ConfigError(f"{path} holds no text")
     return texts
+
+
+def split_texts(texts: list[str]) -> tuple[list[str], list[str]]:
+    """(calibration, held) from one list of a user's texts: the last quarter held out."""
+    if len(texts) < 2:
+        raise ConfigError("the calibration text holds one item: pass more, or --eval-data")
+    held = max(1, len(texts) // 4)
+    return texts[:-held], texts[-held:]
+
+
+def text_feeds(fp32_package: Path, texts: list[str]) -> list[dict[str, Any]]:
+    """Tokenize calibration texts one per run (unpadded), with the package's own tokenizer."""
+    from edgeinfer.manifest import Manifest
+    from edgeinfer.runtime.tokenizer import TextTokenizer
+
+    manifest = Manifest.read(fp32_package)
+    tok = TextTokenizer.for_package(fp32_package, manifest)
+    names = {spec.name for spec in manifest.io.inputs}
+    feeds = []
+    for text in texts:
+        ids, mask = tok.encode([text])
+        feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        feeds.append({k: v for k, v in feed.items() if k in names})
+    return feeds

@@ -165,12 +165,20 @@ class ExportContext:
         recipe = source.recipe
         preset = QuantConfig.for_target(options.target)
         # The one place the default precision is decided: asked > recipe > target preset.
-        mode = options.quantize or (recipe.export.get("quantize") if recipe else None)
+        defaults = recipe.export if recipe else {}
+        mode = options.quantize or defaults.get("quantize")
+        method = options.calibration_method or defaults.get("calibration_method")
         self.quant = replace(
             preset,
             mode=mode or preset.mode,
-            calibration_method=options.calibration_method or preset.calibration_method,
+            calibration_method=method or preset.calibration_method,
+            calibration_percentile=float(
+                defaults.get("calibration_percentile", preset.calibration_percentile)
+            ),
         )
+        # A recipe may ship the most accurate variant that passes when its requested one is
+        # refused (a model whose int8 is slower than fp32 on some CPUs).
+        self.keep_best = options.keep_best or bool(defaults.get("keep_best", False))
         loss = options.max_accuracy_loss
         if loss is None and recipe is not None:
             loss = recipe.gate.get("max_accuracy_loss")

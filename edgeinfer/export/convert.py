@@ -22,10 +22,10 @@ OPSET = 18
 
 
 def detect_task(source: Source) -> str:
-    """Infer the task from the source's architectures: a classification head -> classify,
-    a causal LM -> generate, else embed."""
+    """Infer the task from the source's architectures: a classification head (text or
+    image) -> classify, a causal LM -> generate, else embed."""
     architectures = " ".join(source.config.get("architectures") or [])
-    if "ForSequenceClassification" in architectures:
+    if "ForSequenceClassification" in architectures or "ForImageClassification" in architectures:
         return "classify"
     if "ForCausalLM" in architectures:
         return "generate"
@@ -65,12 +65,30 @@ def to_onnx(source: Source, task: str, out_dir: Path) -> Path:
     return graph
 
 
-def prepare_tokenizer(source: Source, out_path: Path) -> dict[str, Any]:
-    """Write the source's tokenizer without padding or truncation (the runtime pads each batch
-    to its longest text; MiniLM's file pads everything to 128) and return its special ids."""
+def _backend_tokenizer(source: Source) -> Any:
+    """The source's fast tokenizer as transformers configures it: tokenizer_config.json's
+    settings (``add_prefix_space``, ``do_lower_case``, ``strip_accents``, ...) are applied to
+    the tokenizer.json pipeline by the tokenizer class, so the device tokenizes as
+    transformers does. A folder transformers cannot read keeps its tokenizer.json as it is."""
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(source.path / "tokenizer.json"))
+    try:
+        from transformers import AutoTokenizer
+
+        auto = AutoTokenizer.from_pretrained(str(source.path))  # type: ignore[no-untyped-call]
+        backend = getattr(auto, "backend_tokenizer", None)
+        if backend is not None:
+            return Tokenizer.from_str(backend.to_str())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.info("transformers cannot read the tokenizer of %s (%s)", source.name, exc)
+    return Tokenizer.from_file(str(source.path / "tokenizer.json"))
+
+
+def prepare_tokenizer(source: Source, out_path: Path) -> dict[str, Any]:
+    """Write the source's tokenizer (``_backend_tokenizer``) without padding or truncation (the
+    runtime pads each batch to its longest text; MiniLM's file pads everything to 128) and
+    return its special ids."""
+    tok = _backend_tokenizer(source)
     pad_id = (tok.padding or {}).get("pad_id")
     if pad_id is None:
         pad_id = source.config.get("pad_token_id") or 0

@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.errors import ConversionError, ParityError
+from edgeinfer.export.chat_template import chat_format
+from edgeinfer.export.gguf_tokenizer import gguf_tokenizer
 from edgeinfer.export.source import Source
 from edgeinfer.package_io import DecoderIO
-from edgeinfer.runtime.chat import render_chat
 
 __all__ = [
     "LMQuality",
-    "chat_format",
     "full_logits",
     "load_decoder",
     "parity",
@@ -38,7 +38,8 @@ def load_decoder(source: Source) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"dtype": torch.float32}
+    # eager: the plain attention math (SDPA would drop Gemma 2's attention softcapping)
+    kwargs: dict[str, Any] = {"dtype": torch.float32, "attn_implementation": "eager"}
     if source.gguf_file:
         kwargs["gguf_file"] = source.gguf_file
     try:
@@ -54,85 +55,84 @@ def state_numpy(model: Any) -> dict[str, np.ndarray]:
     return {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
 
 
-def _gguf_tokenizer(path: Path) -> tuple[Any, dict[str, Any]]:
-    """A ``tokenizers`` byte-level BPE rebuilt from the GGUF metadata.
-
-    transformers' GGUF conversion adds a BOS (``<|im_start|>``) to every text and reports it as
-    EOS; the GGUF itself says add_bos_token = false and eos = ``<|im_end|>``.
-    """
-    from gguf import GGUFReader
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-
-    fields = GGUFReader(str(path)).fields
-
-    def value(key: str) -> Any:
-        return fields[key].contents() if key in fields else None
-
-    if value("tokenizer.ggml.model") != "gpt2":
-        raise ConversionError(f"GGUF tokenizer {value('tokenizer.ggml.model')!r} is not supported")
-    tokens: list[str] = value("tokenizer.ggml.tokens")
-    merges = [tuple(m.split(" ", 1)) for m in value("tokenizer.ggml.merges")]
-    types: list[int] = value("tokenizer.ggml.token_type")
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-    steps = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
-    if value("tokenizer.ggml.pre") == "smollm":  # llama.cpp's "smollm": one digit per token
-        steps.insert(0, pre_tokenizers.Digits(individual_digits=True))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    control = [
-        t for t, kind in zip(tokens, types, strict=True) if kind == 3
-    ]  # 3: llama.cpp CONTROL
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
-    meta = {
-        "bos": value("tokenizer.ggml.bos_token_id"),
-        "eos": value("tokenizer.ggml.eos_token_id"),
-        "pad": value("tokenizer.ggml.padding_token_id"),
-        "chat_template": value("tokenizer.chat_template"),
-    }
-    return tok, meta
+def _gguf_context(tok: Any, meta: dict[str, Any]) -> dict[str, str]:
+    """The special tokens map a GGUF source's chat template reads (``bos_token``, ...)."""
+    names = {"bos_token": meta["bos"], "eos_token": meta["eos"], "pad_token": meta["pad"]}
+    found = {k: tok.id_to_token(int(v)) for k, v in names.items() if v is not None}
+    return {k: str(v) for k, v in found.items() if v is not None}
 
 
 def _folder_tokenizer(source: Source) -> tuple[Any, dict[str, Any]]:
+    """The folder's fast tokenizer, its special ids, and transformers' view of it: the
+    special tokens map and chat rendering (the reference the package's format must equal) and
+    whether it adds BOS to a plain text."""
     from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
 
     tok = Tokenizer.from_file(str(source.path / "tokenizer.json"))
     tok.no_padding()
     tok.no_truncation()
-    config_path = source.path / "tokenizer_config.json"
-    tcfg = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    try:
+        hf = AutoTokenizer.from_pretrained(str(source.path))  # type: ignore[no-untyped-call]
+    except Exception as exc:  # transformers raises many types
+        raise ConversionError(f"transformers cannot load {source.name}'s tokenizer: {exc}") from exc
 
-    def token_id(key: str) -> int | None:
-        name = tcfg.get(key)
-        name = name.get("content") if isinstance(name, dict) else name
+    def token_id(name: Any) -> int | None:
         found = tok.token_to_id(name) if isinstance(name, str) else None
         return int(found) if found is not None else None
 
-    eos = token_id("eos_token")
+    eos = token_id(hf.eos_token)
     if eos is None:
         eos_cfg = source.config.get("eos_token_id")
         eos = eos_cfg[0] if isinstance(eos_cfg, list) else eos_cfg
-    pad = token_id("pad_token")
+    bos, pad = token_id(hf.bos_token), token_id(hf.pad_token)
+    template = hf.chat_template if isinstance(hf.chat_template, str) else None
     return tok, {
-        "bos": token_id("bos_token"),
+        "bos": bos,
         "eos": eos,
         "pad": pad if pad is not None else eos,
-        "chat_template": tcfg.get("chat_template"),
+        "add_bos": bos is not None and hf("a").input_ids[:1] == [bos],
+        "chat_template": template,
+        "context": dict(hf.special_tokens_map),
+        "reference": (
+            (lambda m: hf.apply_chat_template(list(m), tokenize=False, add_generation_prompt=True))
+            if template
+            else None
+        ),
     }
 
 
+def _config_eos(source: Source) -> set[int]:
+    """The end-of-generation ids of the model's config and generation_config.json (Gemma's
+    and Llama 3's instruct models end a turn with a token other than the tokenizer's eos)."""
+    found: set[int] = set()
+    if source.gguf_file:  # the file's own tokenizer metadata says it (transformers' reading
+        return found  # of a GGUF may name another token)
+    configs = [source.config]
+    generation = source.path / "generation_config.json"
+    if generation.is_file():
+        configs.append(json.loads(generation.read_text()))
+    for config in configs:
+        value = config.get("eos_token_id")
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, int):
+                found.add(item)
+    return found
+
+
 def prepare_decoder_tokenizer(source: Source, out_path: Path) -> dict[str, Any]:
-    """Write the package tokenizer; return ``tokens`` (bos/eos/pad), the stop ids and the
-    chat template (jinja source and the runtime's structured form)."""
-    tok, meta = (
-        _gguf_tokenizer(source.path / source.gguf_file)
-        if source.gguf_file
-        else _folder_tokenizer(source)
-    )
+    """Write the package tokenizer; return ``tokens`` (bos/eos/pad), ``add_bos_token`` (BOS
+    before a plain-text prompt), the stop ids and the chat template (jinja source and the
+    runtime's form, checked against transformers' rendering)."""
+    if source.gguf_file:
+        tok, meta = gguf_tokenizer(source.path / source.gguf_file)
+        meta["context"] = _gguf_context(tok, meta)
+    else:
+        tok, meta = _folder_tokenizer(source)
     if meta["eos"] is None:
         raise ConversionError(f"{source.name} names no eos token")
     tok.save(str(out_path))
-    stops = {int(meta["eos"])}
+    stops = {int(meta["eos"]), *_config_eos(source)}
     end_of_text = tok.token_to_id("<|endoftext|>")
     if end_of_text is not None:
         stops.add(int(end_of_text))  # base-model end marker: also ends a chat turn
@@ -143,56 +143,15 @@ def prepare_decoder_tokenizer(source: Source, out_path: Path) -> dict[str, Any]:
             "eos": int(meta["eos"]),
             "pad": int(meta["pad"]) if meta["pad"] is not None else int(meta["eos"]),
         },
+        "add_bos_token": bool(meta["add_bos"]),
         "stop_token_ids": sorted(stops),
         "chat_template": template,
-        "chat_format": chat_format(template) if template else None,
+        "chat_format": (
+            chat_format(template, context=meta["context"], reference=meta.get("reference"))
+            if template
+            else None
+        ),
     }
-
-
-def _render(template: str, messages: list[dict[str, str]], *, generation: bool) -> str:
-    import jinja2
-
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, autoescape=False)
-    return str(
-        env.from_string(template).render(messages=messages, add_generation_prompt=generation)
-    )
-
-
-def chat_format(template: str) -> dict[str, Any]:
-    """Turn a jinja chat template into the runtime's structured form (no jinja on devices):
-    ``prefix``, one ``message`` pattern with ``{role}``/``{content}``, ``default_system`` and
-    ``generation_prompt``; verified against the template on several conversations."""
-    sys_msg, user = {"role": "system", "content": "S1"}, {"role": "user", "content": "U1"}
-    only_sys = _render(template, [sys_msg], generation=False)
-    sys_user = _render(template, [sys_msg, user], generation=False)
-    message = sys_user[len(only_sys) :]
-    if not sys_user.startswith(only_sys) or message.count("user") != 1 or message.count("U1") != 1:
-        raise ConversionError("the chat template is not a fixed per-message pattern")
-    pattern = message.replace("user", "{role}").replace("U1", "{content}")
-    sys_part = pattern.replace("{role}", "system").replace("{content}", "S1")
-    if not only_sys.endswith(sys_part):
-        raise ConversionError("the chat template formats the system message differently")
-    prefix = only_sys[: len(only_sys) - len(sys_part)]
-    generation_prompt = _render(template, [sys_msg, user], generation=True)[len(sys_user) :]
-    user_only = _render(template, [user], generation=False)
-    middle = user_only[len(prefix) : len(user_only) - len(message)]
-    head, _, tail = pattern.replace("{role}", "system").partition("{content}")
-    default_system = middle[len(head) : len(middle) - len(tail)] if middle else None
-    fmt = {
-        "prefix": prefix,
-        "message": pattern,
-        "default_system": default_system,
-        "generation_prompt": generation_prompt,
-    }
-    checks = [
-        [user],
-        [sys_msg, user, {"role": "assistant", "content": "A1"}, {"role": "user", "content": "U2"}],
-        [user, {"role": "assistant", "content": "a {content} b"}],
-    ]
-    for messages in checks:
-        if render_chat(fmt, messages) != _render(template, messages, generation=True):
-            raise ConversionError("the chat template cannot be expressed for the runtime")
-    return fmt
 
 
 def full_logits(session: Any, io: DecoderIO, ids: Sequence[int]) -> np.ndarray:
@@ -203,7 +162,9 @@ def full_logits(session: Any, io: DecoderIO, ids: Sequence[int]) -> np.ndarray:
         "attention_mask": np.ones((1, s), np.int64),
         "position_ids": np.arange(s, dtype=np.int64)[None],
     }
-    empty = np.zeros((1, io.num_kv_heads, 0, io.head_dim), np.float32)
+    if io.logits_input:
+        feeds[io.logits_input] = np.array([s], np.int64)  # every position's logits
+    empty = np.zeros((1, io.num_kv_heads, 0, io.head_dim), np.dtype(io.kv_dtype))
     for names in io.past_names:
         for name in names:
             feeds[name] = empty
@@ -213,7 +174,12 @@ def full_logits(session: Any, io: DecoderIO, ids: Sequence[int]) -> np.ndarray:
 
 
 def parity(
-    model: Any, session: Any, io: DecoderIO, texts: Sequence[Sequence[int]]
+    model: Any,
+    session: Any,
+    io: DecoderIO,
+    texts: Sequence[Sequence[int]],
+    *,
+    max_abs_logit: float = PARITY_MAX_ABS_LOGIT,
 ) -> dict[str, float]:
     """fp32 ONNX vs PyTorch logits on ``texts`` (token ids); raise ``ParityError`` outside the
     stated tolerance. Decode steps are covered by the runtime's KV-vs-recompute test."""
@@ -228,10 +194,10 @@ def parity(
         agree += int((ref.argmax(-1) == got.argmax(-1)).sum())
         total += len(ids)
     result = {"max_abs_logit_diff": worst, "argmax_agreement": agree / total}
-    if worst > PARITY_MAX_ABS_LOGIT or agree / total < PARITY_MIN_AGREEMENT:
+    if worst > max_abs_logit or agree / total < PARITY_MIN_AGREEMENT:
         raise ParityError(
             f"the fp32 decoder graph differs from PyTorch (max |logit diff| {worst:.2e} > "
-            f"{PARITY_MAX_ABS_LOGIT} or argmax agreement {agree / total:.4f} < "
+            f"{max_abs_logit} or argmax agreement {agree / total:.4f} < "
             f"{PARITY_MIN_AGREEMENT}); this is an exporter bug"
         )
     return result

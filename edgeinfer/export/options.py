@@ -10,9 +10,16 @@ from typing import Union
 from edgeinfer.config import QUANT_MODES, CalibrationMethod, QuantMode
 from edgeinfer.errors import ConfigError
 
-__all__ = ["BuilderOptions", "DecoderOptions", "EarlyExitOptions", "ExportOptions", "ShrinkOptions"]
+__all__ = [
+    "BuilderOptions",
+    "DecoderOptions",
+    "EarlyExitOptions",
+    "ExportOptions",
+    "OnnxFileOptions",
+    "ShrinkOptions",
+]
 
-TASKS = ("auto", "embed", "classify", "generate")
+TASKS = ("auto", "embed", "classify", "generate", "raw")
 
 
 @dataclass(frozen=True)
@@ -47,16 +54,21 @@ class DecoderOptions:
             the fastest that passes the gate ships.
         context_length: KV positions the package allocates at most (default: the model's
             window, capped at 2048 for small devices).
+        kv_dtype: the KV cache's element type: "float32", or "float16" (attention in float16,
+            half the cache's memory; long contexts on small devices).
     """
 
     variants: tuple[str, ...] | None = None
     context_length: int | None = None
+    kv_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.variants is not None and not self.variants:
             raise ConfigError("variants must name at least one variant, or be None")
         if self.context_length is not None and self.context_length < 2:
             raise ConfigError(f"context_length must be >= 2, got {self.context_length}")
+        if self.kv_dtype not in ("float32", "float16"):
+            raise ConfigError(f"kv_dtype must be float32 or float16, got {self.kv_dtype!r}")
 
 
 @dataclass(frozen=True)
@@ -102,7 +114,27 @@ class ShrinkOptions:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
-BuilderOptions = Union[EarlyExitOptions, DecoderOptions, ShrinkOptions]  # noqa: UP007  # runtime
+@dataclass(frozen=True)
+class OnnxFileOptions:
+    """Exports of an ONNX file (docs/onnx.md).
+
+    Args:
+        labels: a text file with one class name per line, in output order (classifiers);
+            None: the folder's ``labels.txt``, its config's ``id2label``, else ``LABEL_i``.
+        state: ``INPUT=OUTPUT`` pairs of a stateful graph (raw); empty: found by name
+            (``state`` -> ``stateN``, ``past*`` -> ``present*``, ``h0`` -> ``hn``).
+    """
+
+    labels: Path | None = None
+    state: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for item in self.state:
+            if item.count("=") != 1 or item.startswith("=") or item.endswith("="):
+                raise ConfigError(f"state {item!r} must be INPUT=OUTPUT")
+
+
+BuilderOptions = Union[EarlyExitOptions, DecoderOptions, OnnxFileOptions, ShrinkOptions]  # noqa: UP007
 
 
 @dataclass(frozen=True)

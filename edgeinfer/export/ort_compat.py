@@ -6,6 +6,8 @@ changes, this module is the one to re-check (``tests/vision`` fails if a workaro
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -19,6 +21,7 @@ __all__ = [
     "fix_batch",
     "float_input_nodes",
     "preprocess",
+    "preprocess_any",
     "qnn_preprocess",
 ]
 
@@ -64,6 +67,32 @@ def preprocess(graph: Path, out_path: Path, *, contrib_ops: bool = False) -> Non
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     quant_pre_process(str(graph), str(out_path), skip_symbolic_shape=contrib_ops)
+
+
+def preprocess_any(graph: Path, out_path: Path) -> None:
+    """``preprocess`` for a graph from anywhere (a user's file): with symbolic shape inference
+    when it works, without it when it does not.
+
+    Workaround: onnxruntime's symbolic shape inference raises on graphs it does not know
+    (control flow such as ``If`` branches on a sample rate, some contrib ops);
+    ONNX's own shape inference and the optimizations still apply without it.
+
+    Workaround: when it fails it saves its half-inferred model, with an external-data file named
+    by a fresh uuid, into the current directory and leaves that file there; it runs from a
+    scratch directory instead.
+    """
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    source, target = str(graph.resolve()), str(out_path.resolve())
+    with tempfile.TemporaryDirectory(prefix="edgeinfer-shapes-") as scratch:
+        cwd = os.getcwd()
+        os.chdir(scratch)
+        try:
+            quant_pre_process(source, target)
+        except Exception:  # any failure of the optional symbolic pass
+            quant_pre_process(source, target, skip_symbolic_shape=True)
+        finally:
+            os.chdir(cwd)
 
 
 def avx2_weight_overrides(model: Any) -> dict[str, list[dict[str, Any]]]:

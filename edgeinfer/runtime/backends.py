@@ -91,6 +91,14 @@ class Backend:
         """Keep the keys/values of a prefix every prompt starts with."""
         raise self._unsupported("warm_prefix")
 
+    def run(self, feeds: Any, *, stream: str | None = None) -> dict[str, Any]:
+        """Named outputs of the graph for named inputs (raw packages)."""
+        raise self._unsupported("run")
+
+    def end_stream(self, stream: str) -> None:
+        """Forget a stream's state (raw packages)."""
+        raise self._unsupported("end_stream")
+
     def clear_cache(self) -> None:
         """Empty the result caches (kinds without one: nothing to do)."""
 

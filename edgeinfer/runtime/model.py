@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from edgeinfer.runtime.backends import Backend, BackendOptions, GenerateBackend
 from edgeinfer.runtime.chat import Prompt
 from edgeinfer.runtime.image import ImageBackend
 from edgeinfer.runtime.metrics import Metrics, MetricsSnapshot
+from edgeinfer.runtime.raw import RawBackend
 from edgeinfer.runtime.streaming import GenerationResult, TextChunk
 from edgeinfer.runtime.tasks import ClassificationResult, EmbeddingResult
 from edgeinfer.runtime.text import TextBackend
@@ -54,6 +56,7 @@ BACKENDS: dict[str, Callable[[Path, Manifest, BackendOptions], Backend]] = {
     "exit-segments": _segments_backend,
     "image-classifier": ImageBackend,
     "decoder": GenerateBackend,
+    "raw": RawBackend,
 }
 
 
@@ -113,7 +116,7 @@ class Model:
 
     @property
     def task(self) -> str:
-        """The package's task: ``embed``, ``classify`` or ``generate``."""
+        """The package's task: ``embed``, ``classify``, ``generate`` or ``raw``."""
         return self.manifest.task
 
     def embed(
@@ -150,7 +153,7 @@ class Model:
 
     def classify(
         self,
-        inputs: str | Sequence[str] | np.ndarray,
+        inputs: str | Path | Sequence[Any] | np.ndarray,
         *,
         batch_size: int = DEFAULT_BATCH_SIZE,
         truncate: bool = True,
@@ -160,9 +163,12 @@ class Model:
         """Classify texts or images; one ``ClassificationResult`` per input, in input order
         (its ``cached``, ``queue_ms`` and ``compute_ms`` say where the answer came from).
 
-        Image packages take uint8 RGB arrays [N, H, W, 3] at the package's size (or the
-        normalized float32 [N, 3, H, W] its graph takes); an image early-exit package takes
-        float32 intensities in [0, 1], [N, 1, H, W] or [N, H, W].
+        Image packages take pictures as callers hold them: a file path, a Pillow image, a uint8
+        RGB array [H, W, 3] of any size, a list of those, or a uint8 batch [N, H, W, 3]; each
+        is resized and cropped as the manifest's ``io.image`` says (Pillow, the ``images``
+        extra, is needed unless the arrays already have the package's size). The normalized
+        float32 [N, 3, H, W] the graph takes passes as it is. An image early-exit package
+        takes float32 intensities in [0, 1], [N, 1, H, W] or [N, H, W].
 
         On an early-exit package an input is answered by the first exit head where
         ``exit_policy`` (``max_softmax``, ``entropy`` or ``patience``; default: the one chosen
@@ -223,6 +229,20 @@ class Model:
         returns its token count. A chat's system message needs no call: it is kept
         automatically. See ``docs/generation.md``."""
         return self._backend.warm_prefix(prefix)
+
+    def run(self, feeds: Mapping[str, Any], *, stream: str | None = None) -> dict[str, np.ndarray]:
+        """Run a ``raw`` package's graph: input name -> array in, output name -> array out.
+
+        With ``stream`` (any name: a microphone, a device), a stateful graph's state inputs
+        come from that stream's previous call (zeros on its first) and its state outputs are
+        kept for the next one instead of being returned; without it, every call stands alone.
+        See docs/onnx.md.
+        """
+        return self._backend.run(feeds, stream=stream)
+
+    def end_stream(self, stream: str) -> None:
+        """Forget ``stream``'s state: its next ``run`` starts afresh."""
+        self._backend.end_stream(stream)
 
     def metrics(self) -> MetricsSnapshot:
         """A snapshot of this model's latencies (p50/p95/p99), cold start and cache counts.

@@ -2,10 +2,10 @@
 
 One ``.npz`` file per prefix (``np.savez``, read back with ``allow_pickle=False``: no pickle
 ever), named by a sha256 over the package digest, the KV geometry and dtype, and the prefix's
-token ids. The file holds ``kv`` [2 * layers, H_kv, n, D] float32, the ``ids`` and a JSON
-``header`` repeating the fingerprint, checked again on load: a renamed or colliding file is
-refused. Writes go to a temporary file first, then ``os.replace``: a reader sees a whole file
-or none. The zip's CRC-32 catches a corrupted or truncated file; whatever cannot be read is
+token ids. The file holds ``kv`` [2 * layers, H_kv, n, D] (the package's KV dtype), the ``ids``
+and a JSON ``header`` repeating the fingerprint, checked again on load: a renamed or colliding
+file is refused. Writes go to a temporary file first, then ``os.replace``: a reader sees a whole
+file or none. The zip's CRC-32 catches a corrupted or truncated file; whatever cannot be read is
 logged, deleted and recomputed by the caller: generation never fails because of the store.
 """
 
@@ -18,14 +18,17 @@ import logging
 import os
 import tempfile
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from edgeinfer.package_io import DecoderIO
+from edgeinfer.runtime.chat import Prompt, fill_message
+from edgeinfer.runtime.kvcache import KVCache
 
-__all__ = ["PrefixStore"]
+__all__ = ["PrefixStore", "restore", "save", "system_text"]
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +54,14 @@ class PrefixStore:
         self._layers = io.num_layers
         self._heads = io.num_kv_heads
         self._head_dim = io.head_dim
+        self._dtype = io.kv_dtype
         self._fingerprint = {
             "format": _FORMAT,
             "package": package_digest,
             "num_layers": self._layers,
             "num_kv_heads": self._heads,
             "head_dim": self._head_dim,
-            "dtype": "float32",
+            "dtype": io.kv_dtype,
             "kv_layout": io.kv_layout,
         }
 
@@ -86,8 +90,8 @@ class PrefixStore:
         if header != self._fingerprint or stored_ids.tolist() != list(ids):
             self._discard(path, "made for another package, geometry or prefix")
             return None
-        if kv.shape != expected or kv.dtype != np.float32:
-            self._discard(path, f"holds {kv.dtype}{kv.shape}, expected float32{expected}")
+        if kv.shape != expected or kv.dtype != np.dtype(self._dtype):
+            self._discard(path, f"holds {kv.dtype}{kv.shape}, expected {self._dtype}{expected}")
             return None
         with contextlib.suppress(OSError):
             os.utime(path)  # the eviction order is by last use
@@ -139,3 +143,37 @@ class PrefixStore:
         log.warning("prefix KV file %s is %s; deleting it, the prefix is recomputed", path, why)
         with contextlib.suppress(OSError):
             path.unlink()
+
+
+def restore(store: PrefixStore | None, cache: KVCache, ids: Sequence[int]) -> bool:
+    """Load the keys/values of ``ids`` from ``store`` into ``cache``, unless it holds them
+    already; True when they came from disk."""
+    if store is None or not ids or cache.ids[: len(ids)] == list(ids):
+        return False
+    kv = store.load(ids)
+    if kv is None:
+        return False
+    cache.write_prefix(kv, list(ids))
+    return True
+
+
+def save(store: PrefixStore | None, cache: KVCache, ids: Sequence[int]) -> None:
+    """Store the keys/values of ``ids`` when ``cache`` holds them and ``store`` does not."""
+    if store is None or not ids or cache.ids[: len(ids)] != list(ids):
+        return
+    if not store.path(ids).exists():
+        store.save(ids, cache.read_prefix(len(ids)))
+
+
+def system_text(chat_format: Mapping[str, Any] | None, prompt: Prompt) -> str | None:
+    """The text of the chat template's start plus the system message (the prompt's own or the
+    template's default) when ``prompt`` is a chat that has one: the prefix worth storing."""
+    if isinstance(prompt, str) or not prompt or chat_format is None:
+        return None
+    if "jinja" in chat_format:  # no per-message pattern to cut the system part with
+        return None
+    system = prompt[0].get("content") if prompt[0].get("role") == "system" else None
+    system = system if system is not None else chat_format.get("default_system")
+    if not isinstance(system, str):
+        return None
+    return str(chat_format["prefix"]) + fill_message(str(chat_format["message"]), "system", system)

@@ -4,7 +4,8 @@ It answers "is this the package that was exported, working?" after a copy or a d
 it accurate" (the export's gate did that). A device may be another CPU (x86 and Arm int8 kernels
 round differently), so the check compares what cannot drift across machines and a broken
 package cannot keep: an embedding's direction (cosine >= ``MIN_COSINE``), the top label of an
-input the model is sure about, and the greedy tokens of a prompt up to the first near-tie.
+input the model is sure about, the greedy tokens of a prompt up to the first near-tie, and a raw
+graph's outputs within ``RAW_RELATIVE`` of their size.
 
 The manifest's ``smoke`` field::
 
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgeinfer.errors import PackageError
-from edgeinfer.package_io import DecoderIO, ImageClassifierIO
+from edgeinfer.package_io import DecoderIO, ImageClassifierIO, RawIO
 
 if TYPE_CHECKING:
     from edgeinfer.runtime.model import Model
@@ -35,6 +36,10 @@ DECIDED = 0.3  # a top label leading the runner-up by this much cannot flip acro
 PROB_TOLERANCE = 0.3  # the top label's probability moves less than this across machines
 TOKEN_MARGIN = 1.0  # logit gap of a greedy step that cannot flip across machines
 GREEDY_TOKENS = 4
+# A raw output may move this much (L2, relative to its size, plus RAW_ABSOLUTE per value)
+# across machines: int8 kernels round differently; a wrong graph moves it by ~100 %.
+RAW_RELATIVE = 0.05
+RAW_ABSOLUTE = 1e-3
 THUMBNAIL = 8  # images are stored at 1/8 of the package's side
 _CASES = 3
 _PROMPT_TOKENS = 64  # smoke prompts are short: the check must take milliseconds
@@ -47,6 +52,14 @@ def record(model: Model, inputs: Sequence[Any]) -> dict[str, Any]:
     kind = io.kind
     if isinstance(io, DecoderIO):
         cases = _greedy_cases(model, [str(p) for p in inputs])
+    elif isinstance(io, RawIO):
+        cases = [
+            {
+                "feeds": {k: _array_case(v) for k, v in feeds.items()},
+                "outputs": {k: _array_case(v) for k, v in model.run(feeds).items()},
+            }
+            for feeds in inputs[:_CASES]
+        ]
     elif model.task == "embed":
         vectors = model.embed([str(t) for t in inputs[:_CASES]])
         cases = [
@@ -60,6 +73,7 @@ def record(model: Model, inputs: Sequence[Any]) -> dict[str, Any]:
         "decided": DECIDED,
         "probability": PROB_TOLERANCE,
         "token_margin": TOKEN_MARGIN,
+        "raw_relative": RAW_RELATIVE,
     }
     return {"version": 1, "kind": kind, "cases": cases, "tolerance": tolerance}
 
@@ -87,12 +101,39 @@ def _check_case(model: Model, case: dict[str, Any], tolerance: dict[str, Any]) -
         return None if cosine >= limit else f"embedding cosine {cosine:.4f} < {limit}"
     if "tokens" in case:
         return _check_tokens(model, case)
+    if "feeds" in case:
+        return _check_outputs(model, case, float(tolerance.get("raw_relative", RAW_RELATIVE)))
     result = model.classify(_input(model, case))[0]
     if case["decided"] and result.label != case["label"]:
         return f"label {result.label!r}, expected {case['label']!r}"
     moved = abs(result.scores.get(case["label"], 0.0) - float(case["score"]))
     limit = float(tolerance.get("probability", PROB_TOLERANCE))
     return None if moved <= limit else f"probability of {case['label']!r} moved by {moved:.3f}"
+
+
+def _array_case(array: np.ndarray) -> dict[str, Any]:
+    array = np.asarray(array)
+    return {"dtype": str(array.dtype), "shape": list(array.shape), "data": _b64(array)}
+
+
+def _array(case: dict[str, Any]) -> np.ndarray:
+    raw = base64.b64decode(case["data"])
+    array: np.ndarray = np.frombuffer(raw, np.dtype(case["dtype"])).reshape(case["shape"])
+    return array
+
+
+def _check_outputs(model: Model, case: dict[str, Any], relative: float) -> str | None:
+    """Every recorded output within ``relative`` of its size (L2), plus RAW_ABSOLUTE."""
+    got = model.run({k: _array(v) for k, v in case["feeds"].items()})
+    for name, recorded in case["outputs"].items():
+        want = _array(recorded).astype(np.float64)
+        if name not in got or np.shape(got[name]) != want.shape:
+            return f"output {name} is missing or has another shape"
+        error = float(np.linalg.norm(np.asarray(got[name], np.float64) - want))
+        allowed = relative * float(np.linalg.norm(want)) + RAW_ABSOLUTE * np.sqrt(want.size)
+        if error > allowed:
+            return f"output {name} moved by {error:.4g} (L2), more than {allowed:.4g}"
+    return None
 
 
 def _label_cases(model: Model, inputs: Sequence[Any]) -> list[dict[str, Any]]:

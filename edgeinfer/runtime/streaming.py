@@ -1,18 +1,24 @@
-"""What a generation streams and returns, and the stop-string bookkeeping of streaming: text
-is sent only once no stop string can still begin in it."""
+"""What a generation streams and returns, and the text side of the per-token path: token ids
+in, text chunks out. Text is sent only once no stop string can still begin in it.
+
+Per token: one incremental detokenizer step (tokens' ``DecodeStream``: the new characters, none
+while a multi-byte character is incomplete) and a stop-string check over the few characters
+not sent yet. The text of the whole answer is never rebuilt while streaming.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
     "FinishReason",
     "GenerationResult",
     "StreamState",
     "TextChunk",
+    "TextStream",
     "first_stop",
     "held_back",
 ]
@@ -20,7 +26,7 @@ __all__ = [
 FinishReason = Literal["eos", "stop", "length", "deadline"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TextChunk:
     """A piece of streamed text: ``text`` is new, complete characters (never half of one);
     ``token_ids`` are the tokens generated since the previous chunk."""
@@ -92,3 +98,66 @@ def held_back(text: str, stops: Sequence[str]) -> int:
                 longest = n
                 break
     return longest
+
+
+class TextStream:
+    """Turn generated token ids into ``TextChunk``s, cut at the first stop string.
+
+    Args:
+        tokenizer: the package's ``tokenizers.Tokenizer``.
+        stops: the stop strings (empty strings ignored).
+        live: detokenize as tokens come; False (a whole answer without stop strings) keeps the
+            ids only and sends the text at ``finish``.
+    """
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str], *, live: bool = True) -> None:
+        from tokenizers.decoders import DecodeStream
+
+        self._tok = tokenizer
+        self._step = DecodeStream(skip_special_tokens=True).step
+        self.stops = [s for s in stops if s]
+        self.live = live or bool(self.stops)
+        self.ids: list[int] = []
+        self.sent = 0  # characters sent
+        self.stopped = False  # a stop string was found
+        self._held = ""  # decoded, not sent: it could begin a stop string
+        self._pending = 0  # tokens since the last chunk
+
+    def push(self, token: int) -> TextChunk | None:
+        """Add one generated token; the text that is now safe to send, if any."""
+        self.ids.append(token)
+        self._pending += 1
+        if not self.live:
+            return None
+        piece = self._step(self._tok, token)
+        if piece is None:  # an incomplete character
+            return None
+        if not self.stops:
+            return self._chunk(piece)
+        text = self._held + piece
+        cut = first_stop(text, self.stops, 0)
+        if cut is not None:
+            self.stopped = True
+            self._held = ""
+            return self._chunk(text[:cut]) if cut else None
+        safe = len(text) - held_back(text, self.stops)
+        self._held = text[safe:]
+        return self._chunk(text[:safe]) if safe else None
+
+    def finish(self, text: str) -> TextChunk | None:
+        """The last chunk, given ``text``: the whole answer decoded at once (it ends with any
+        character the stream could not complete)."""
+        if self.stopped:
+            return None
+        tail = first_stop(text, self.stops, self.sent)
+        self.stopped = tail is not None
+        end = len(text) if tail is None else tail
+        if end > self.sent or self._pending:
+            return self._chunk(text[self.sent : max(end, self.sent)])
+        return None
+
+    def _chunk(self, text: str) -> TextChunk:
+        tokens = tuple(self.ids[len(self.ids) - self._pending :]) if self._pending else ()
+        self.sent += len(text)
+        self._pending = 0
+        return TextChunk(text=text, token_ids=tokens)

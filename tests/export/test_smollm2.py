@@ -33,7 +33,7 @@ def smollm2(smollm2_package: Path) -> Generator:
 
 def test_int8_package_passes_its_gate(smollm2_package: Path) -> None:
     manifest = Manifest.read(smollm2_package)
-    assert manifest.precision == "int8-weight-only-fp32-head-edges"
+    assert manifest.precision == "int8-weight-only-int8-embed-refined"
     accuracy = manifest.accuracy
     assert accuracy["value"]["perplexity"] <= accuracy["fp32"]["perplexity"] * (
         1 + GATE_MAX_PPL_INCREASE
@@ -104,3 +104,31 @@ def test_context_boundary(smollm2: Generator) -> None:
     with pytest.raises(ContextLengthExceededError):
         smollm2.generate(CHAT, max_new_tokens=room + 1)
     smollm2.generate(CHAT, max_new_tokens=room, timeout_s=2.0)
+
+
+ARTICLE = (
+    "The city council of Lakeside voted on Tuesday to build a new library on the site of the "
+    "old bus station. The project will cost 12 million pounds and is expected to open in the "
+    "spring of 2027. Council leader Maria Jones said the library would include a children's "
+    "reading room, a cafe and a makerspace with 3D printers."
+)
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        f"{ARTICLE}\n\nSummarize the article above in two sentences.",
+        f"{ARTICLE}\n\nWhat did Maria Jones say? Quote the article.",
+        "Write a short story about a lighthouse keeper.",
+    ],
+)
+def test_prompt_lookup_gives_the_plain_greedy_answer(smollm2: Generator, question: str) -> None:
+    """The int8 graph computes a one-token step and a verification with the same bits, so
+    lookup's answer is plain greedy decoding's, token for token (not merely close)."""
+    chat = [{"role": "user", "content": question}]
+    plain = smollm2.generate(chat, max_new_tokens=48, sampling=SamplingConfig(draft_tokens=0))
+    fast = smollm2.generate(chat, max_new_tokens=48)
+    assert fast.token_ids == plain.token_ids
+    assert smollm2.lookup is not None
+    if question.startswith(ARTICLE):  # the answer copies the article: drafts hold
+        assert smollm2.lookup.accepted > 0

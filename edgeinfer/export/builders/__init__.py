@@ -10,6 +10,7 @@ from edgeinfer.export.builders.decoder import DecoderBuilder
 from edgeinfer.export.builders.encoder import EncoderBuilder
 from edgeinfer.export.builders.exit_cnn import ExitCnnBuilder
 from edgeinfer.export.builders.exit_heads import ExitHeadsBuilder
+from edgeinfer.export.builders.onnx_file import OnnxFileBuilder, detect_task
 from edgeinfer.export.builders.vision import VisionBuilder
 from edgeinfer.export.options import EarlyExitOptions, ExportOptions
 from edgeinfer.export.source import Source
@@ -18,7 +19,14 @@ __all__ = ["BUILDERS", "Builder", "select"]
 
 BUILDERS: dict[str, type[Builder]] = {
     b.name: b
-    for b in (EncoderBuilder, DecoderBuilder, VisionBuilder, ExitHeadsBuilder, ExitCnnBuilder)
+    for b in (
+        EncoderBuilder,
+        DecoderBuilder,
+        VisionBuilder,
+        ExitHeadsBuilder,
+        ExitCnnBuilder,
+        OnnxFileBuilder,
+    )
 }
 # An early-exit export of a model another builder makes: the builder that adds the exits.
 _WITH_EXITS = {"encoder": "exit-heads"}
@@ -29,11 +37,15 @@ def select(source: Source, options: ExportOptions) -> tuple[type[Builder], str]:
     recipe = source.recipe
     if recipe is not None:
         name, task = recipe.builder, recipe.task
+    elif source.onnx_file is not None:
+        name, task = "onnx-file", _onnx_task(source, options)
     else:
         task = convert.detect_task(source) if options.task == "auto" else options.task
         name = "decoder" if task == "generate" else "encoder"
+        if task == "classify" and "ForImageClassification" in _architectures(source):
+            name = "vision"
     if options.task != "auto" and options.task != task:
-        if name != "encoder" or options.task not in ("embed", "classify"):
+        if name not in ("encoder", "onnx-file") or options.task not in ("embed", "classify"):
             raise ConfigError(
                 f"{source.name} is exported by the {name} builder as a {task!r} model, "
                 f"not {options.task!r}"
@@ -49,3 +61,17 @@ def select(source: Source, options: ExportOptions) -> tuple[type[Builder], str]:
     if task not in builder.tasks:
         raise ConfigError(f"the {name} builder makes {', '.join(builder.tasks)}, not {task!r}")
     return builder, task
+
+
+def _architectures(source: Source) -> str:
+    return " ".join(source.config.get("architectures") or [])
+
+
+def _onnx_task(source: Source, options: ExportOptions) -> str:
+    """The task of an ONNX source: as asked, else from the graph's inputs and outputs."""
+    if options.task != "auto":
+        return options.task
+    from edgeinfer.export import package
+
+    inputs, outputs = package.read_io(source.path / str(source.onnx_file))
+    return detect_task(inputs, outputs)

@@ -12,8 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from edgeinfer.errors import ConfigError, ParityError
 from edgeinfer.export import (
     calibrate,
@@ -21,6 +19,7 @@ from edgeinfer.export import (
     optimize,
     package,
     pareto,
+    preprocessing,
     quantize,
     shrink,
     validate,
@@ -100,7 +99,7 @@ class EncoderBuilder(Builder):
                 else calibrate.builtin_text("calibration", quant.calibration_size)
             )
             run.quant = quant = replace(quant, calibration_size=len(texts))
-            feeds = _calibration_feeds(run.stage_candidate(fp32), texts)
+            feeds = calibrate.text_feeds(run.stage_candidate(fp32), texts)
             quantize.quantize_static_int8(fused, graph, quant, feeds=feeds, work_dir=run.work)
         info: dict[str, Any] = {
             "mode": "int8-dynamic" if quant.mode == "int8" else "int8-static",
@@ -137,14 +136,16 @@ class EncoderBuilder(Builder):
                 embedding_dim=int(source.config["hidden_size"]),
             )
         else:
-            id2label = source.config.get("id2label") or {}
+            classes = outputs[0].shape[-1]
+            if not isinstance(classes, int):
+                classes = len(source.config.get("id2label") or {}) or 2
             io = TextClassifierIO(
                 graph=package.GRAPH_NAME,
                 tokenizer=package.TOKENIZER_NAME,
                 inputs=inputs,
                 outputs=outputs,
                 max_seq_len=source.max_seq_len,
-                labels=tuple(str(id2label[k]) for k in sorted(id2label, key=int)),
+                labels=preprocessing.default_labels(source.config, classes),
             )
         return Candidate(
             name=name,
@@ -204,19 +205,3 @@ class EncoderBuilder(Builder):
 
     def smoke_inputs(self, chosen: Candidate) -> list[Any]:
         return list(self.held[:3])
-
-
-def _calibration_feeds(fp32_package: Path, texts: list[str]) -> list[dict[str, Any]]:
-    """Tokenize calibration texts one per run (unpadded), with the package's own tokenizer."""
-    from edgeinfer.manifest import Manifest
-    from edgeinfer.runtime.tokenizer import TextTokenizer
-
-    manifest = Manifest.read(fp32_package)
-    tok = TextTokenizer.for_package(fp32_package, manifest)
-    names = {spec.name for spec in manifest.io.inputs}
-    feeds = []
-    for text in texts:
-        ids, mask = tok.encode([text])
-        feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-        feeds.append({k: v for k, v in feed.items() if k in names})
-    return feeds

@@ -1,8 +1,11 @@
-"""Image classifiers from PyTorch: the recipe names the network (a factory and its state dict).
+"""Image classifiers from PyTorch: a recipe's network (a factory and its state dict), or a
+Hugging Face image-classification folder (ViT, ConvNeXt, MobileNet, ...: config.json, weights,
+preprocessor_config.json).
 
 PyTorch -> fp32 ONNX (parity-checked) -> onnxruntime's pre-processing -> int8 (static QDQ,
 calibrated on images; or dynamic) or fp16 -> top-1 agreement with PyTorch fp32 on the built-in
-image views (``images.py``). See docs/vision.md and docs/targets.md.
+image views (``images.py``), resized as the package's ``ImageSpec`` says. See docs/vision.md
+and docs/targets.md.
 """
 
 from __future__ import annotations
@@ -17,20 +20,23 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.errors import ConfigError, MissingDependencyError, ParityError
-from edgeinfer.export import images, ort_compat, package, quantize
+from edgeinfer.export import images, ort_compat, package, preprocessing, quantize
 from edgeinfer.export.builders.base import Builder
 from edgeinfer.export.context import Candidate, Quality
-from edgeinfer.export.validate import Accuracy, load_candidate
-from edgeinfer.package_io import ImageClassifierIO, ImageSpec
-from edgeinfer.runtime import Model
+from edgeinfer.export.validate import (
+    DECIDED_MARGIN,
+    Accuracy,
+    agreement,
+    load_candidate,
+    run_model,
+)
+from edgeinfer.package_io import ImageClassifierIO
+from edgeinfer.runtime.tasks import prepare_images
 
 __all__ = ["VisionBuilder"]
 
 # Opset 17: every onnxruntime from 1.15 on runs it, QNN and OpenVINO included.
 OPSET = 17
-# The gate counts views where fp32's top-1 probability leads the runner-up by >= 0.1: on a
-# near-tie any rounding flips the answer, and agreement there measures noise, not the model.
-DECIDED_MARGIN = 0.1
 _PROBE_VIEWS = 3
 
 
@@ -39,28 +45,6 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     exp = np.exp(shifted)
     probs: np.ndarray = exp / exp.sum(axis=1, keepdims=True)
     return probs
-
-
-def _probabilities(model: Model, views: np.ndarray) -> np.ndarray:
-    """The runtime's class probabilities [N, C] for uint8 views, in label order."""
-    labels = list(model.manifest.io_as(ImageClassifierIO).labels)
-    results = model.classify(views, batch_size=16)
-    return np.array([[r.scores[label] for label in labels] for r in results], np.float32)
-
-
-def _agreement(reference: np.ndarray, candidate: np.ndarray) -> tuple[Accuracy, float]:
-    """Top-1 agreement on the decided views (the gate) and on all views (reported)."""
-    ranked = np.sort(reference, axis=1)
-    decided = ranked[:, -1] - ranked[:, -2] >= DECIDED_MARGIN  # [N]
-    agree = (reference.argmax(1) == candidate.argmax(1)).astype(np.float64)
-    accuracy = Accuracy(
-        metric="top1_agreement",
-        mean=float(agree[decided].mean()) if decided.any() else 0.0,
-        min=float(agree[decided].min()) if decided.any() else 0.0,
-        count=int(decided.sum()),
-        max_prob_diff=float(np.abs(reference - candidate).max()),
-    )
-    return accuracy, float(agree.mean())
 
 
 class VisionBuilder(Builder):
@@ -72,26 +56,27 @@ class VisionBuilder(Builder):
 
     def build(self) -> None:
         run, opts = self.run, self.run.options
-        recipe = run.source.recipe
-        if recipe is None or not recipe.vision:
-            raise ConfigError(f"{run.source.name} has no [vision] section in its recipe")
-        self.spec = recipe.vision
-        size = int(self.spec["image_size"])
-        self.image = ImageSpec(
-            height=size,
-            width=size,
-            mean=tuple(float(v) for v in self.spec["mean"]),
-            std=tuple(float(v) for v in self.spec["std"]),
-        )
+        source = run.source
+        recipe = source.recipe
+        if recipe is not None and recipe.vision:
+            self.spec: dict[str, Any] = dict(recipe.vision)
+            size = int(self.spec["image_size"])
+            self.image = preprocessing.spec_from_table(self.spec, height=size, width=size)
+        elif recipe is None and source.config:
+            self.spec = {}
+            processor = source.path / "preprocessor_config.json"
+            self.image = preprocessing.spec_from_processor(processor)
+        else:
+            raise ConfigError(f"{source.name} has no [vision] section in its recipe")
         self.views = (
-            images.read_images(opts.eval_data, size=size)
+            images.read_images(opts.eval_data, size=self.image)
             if opts.eval_data
-            else images.builtin_images("gate", opts.held_count, size=size)
+            else images.builtin_images("gate", opts.held_count, size=self.image)
         )
         with run.stage("convert"):
             model = self._torch_model()
             raw = run.work / "raw.onnx"
-            self._to_onnx(model, raw, size)
+            self._to_onnx(model, raw)
         with run.stage("reference"):
             self.reference = self._torch_probabilities(model, self.views)
         with run.stage("parity"):
@@ -111,10 +96,13 @@ class VisionBuilder(Builder):
             self._measure(run.add(self._candidate("fp32", fp32_graph, "fp32", not quantized)))
         if quantized:
             with run.stage("quantize"):
-                self._measure(run.add(self._quantized(fp32_graph, size)))
+                self._measure(run.add(self._quantized(fp32_graph)))
 
     def _torch_model(self) -> Any:
-        """The recipe's network in eval mode, its state dict loaded (weights_only, strict)."""
+        """The network in eval mode: a Hugging Face folder's, or the recipe's factory with its
+        state dict loaded (weights_only, strict)."""
+        if not self.spec:
+            return _hf_logits(self.run.source.path)
         try:
             import torch
 
@@ -128,17 +116,18 @@ class VisionBuilder(Builder):
             factory = getattr(factory, part)
         model = factory(*self.spec.get("args", []))
         weights = self.run.source.path / str(self.spec["weights"])
-        model.load_state_dict(torch.load(weights, weights_only=True, map_location="cpu"))
+        state = torch.load(weights, weights_only=True, map_location="cpu")
+        model.load_state_dict(state, strict=True)
         return model.eval()
 
-    def _to_onnx(self, model: Any, out: Path, size: int) -> None:
+    def _to_onnx(self, model: Any, out: Path) -> None:
         import torch
 
         with warnings.catch_warnings():  # the tracer's constant-folding notes
             warnings.simplefilter("ignore")
             torch.onnx.export(
                 model,
-                (torch.zeros(1, 3, size, size),),
+                (torch.zeros(1, 3, self.image.height, self.image.width),),
                 str(out),
                 input_names=["pixel_values"],
                 output_names=["logits"],
@@ -148,11 +137,8 @@ class VisionBuilder(Builder):
             )
 
     def _pixels(self, views: np.ndarray) -> np.ndarray:
-        """uint8 [N, H, W, 3] -> normalized float32 [N, 3, H, W] (the graph's pixel_values)."""
-        mean = np.asarray(self.image.mean, np.float32)
-        std = np.asarray(self.image.std, np.float32)
-        pixels = (views.astype(np.float32) - mean) / std
-        return np.ascontiguousarray(pixels.transpose(0, 3, 1, 2))
+        """uint8 [N, H, W, 3] -> the graph's pixel_values [N, 3, H, W], as the runtime makes."""
+        return prepare_images(views, image=self.image)
 
     def _torch_probabilities(self, model: Any, views: np.ndarray) -> np.ndarray:
         import torch
@@ -162,7 +148,7 @@ class VisionBuilder(Builder):
             logits = [model(pixels[i : i + 16]).numpy() for i in range(0, len(pixels), 16)]
         return _softmax(np.concatenate(logits))  # [N, C]
 
-    def _quantized(self, fp32_graph: Path, size: int) -> Candidate:
+    def _quantized(self, fp32_graph: Path) -> Candidate:
         run = self.run
         quant, opts = run.quant, run.options
         name = "fp16" if quant.mode == "fp16" else "int8"
@@ -174,22 +160,14 @@ class VisionBuilder(Builder):
             quantize.quantize_dynamic_cnn(fp32_graph, graph, quant)
         else:
             calib = (
-                images.read_images(opts.calibration, size=size)
+                images.read_images(opts.calibration, size=self.image)
                 if opts.calibration and str(opts.calibration) != "builtin"
-                else images.builtin_images("calibration", quant.calibration_size, size=size)
+                else images.builtin_images("calibration", quant.calibration_size, size=self.image)
             )
             run.quant = quant = replace(quant, calibration_size=len(calib))
             feeds = [{"pixel_values": self._pixels(view[None])} for view in calib]
             kept = quantize.quantize_static_cnn(fp32_graph, graph, quant, feeds=feeds)
-            info.update(
-                format="QDQ",
-                rules=quant.qdq_rules,
-                activation_type=quant.activation_type,
-                weight_type=quant.weight_type,
-                calibration_method=quant.calibration_method,
-                calibration_size=quant.calibration_size,
-                kept_fp32=kept,
-            )
+            info.update(quantize.static_info(quant, kept))
         if name == "int8":
             info.update(per_channel=quant.per_channel, reduce_range=quant.reduce_range)
         if quant.fixed_batch is not None:
@@ -216,8 +194,7 @@ class VisionBuilder(Builder):
                 graph=package.GRAPH_NAME,
                 inputs=inputs,
                 outputs=outputs,
-                # ImageNet-1k class indices: the weight package ships no class names.
-                labels=tuple(str(i) for i in range(int(outputs[0].shape[-1]))),
+                labels=self._labels(int(outputs[0].shape[-1])),
                 image=self.image,
             ),
             quantization=quantization or {"mode": "none"},
@@ -225,9 +202,16 @@ class VisionBuilder(Builder):
             requested=requested,
         )
 
+    def _labels(self, count: int) -> tuple[str, ...]:
+        """The recipe's labels file, else the config's id2label, else LABEL_i."""
+        recipe = self.run.source.recipe
+        if recipe is not None and self.spec.get("labels"):
+            return preprocessing.read_labels(recipe.resource(self.spec["labels"]), count=count)
+        return preprocessing.default_labels(self.run.source.config, count)
+
     def _evaluate(self, candidate: Candidate) -> tuple[Accuracy, float]:
         with load_candidate(self.run.stage_candidate(candidate), self.run.threads) as model:
-            return _agreement(self.reference, _probabilities(model, self.views))
+            return agreement(self.reference, run_model(model, self.views))
 
     def _measure(self, candidate: Candidate) -> None:
         accuracy, all_views = self._evaluate(candidate)
@@ -266,7 +250,7 @@ class VisionBuilder(Builder):
         return {
             "metric": "top1_agreement",
             "reference": "pytorch-fp32",
-            "eval_data": str(opts.eval_data) if opts.eval_data else "builtin:sklearn-sample-views",
+            "eval_data": str(opts.eval_data) if opts.eval_data else "builtin:photo-views",
             "decided_margin": DECIDED_MARGIN,
             "max_accuracy_loss": self.run.max_accuracy_loss,
             "fp32": variants["fp32"]["accuracy"],
@@ -275,3 +259,19 @@ class VisionBuilder(Builder):
 
     def smoke_inputs(self, chosen: Candidate) -> list[Any]:
         return list(self.views[:8])
+
+
+def _hf_logits(folder: Path) -> Any:
+    """A Hugging Face image classifier as a module that returns its logits (for the tracer)."""
+    import torch
+    from transformers import AutoModelForImageClassification
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = AutoModelForImageClassification.from_pretrained(str(folder))
+
+        def forward(self, pixel_values: Any) -> Any:
+            return self.model(pixel_values=pixel_values).logits
+
+    return Logits().eval()

@@ -1,0 +1,166 @@
+"""One generation engine in its own process, driven over stdin/stdout with JSON lines (the
+protocol of ``edgeinfer.bench.worker``): a generate package on onnxruntime, or a GGUF file on
+llama.cpp (the ``xllamacpp`` wheel).
+
+The spec names the engine, the prompt token ids (the same for every engine), the decode token
+count and the threads. Each ``measure`` run is greedy: one cold prefill of the prompt (time to
+first token), then ``tokens`` decode steps (tokens/s); eos is not honoured, so every engine
+decodes the same count. The load report carries the engine's first greedy tokens, so the caller
+can check that the engines compute the same thing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.errors import EdgeInferError, MissingDependencyError
+
+__all__ = ["main"]
+
+Measure = Callable[[bool], dict[str, Any]]  # (with the token ids) -> one run
+
+
+def _package(spec: dict[str, Any]) -> Measure:
+    from edgeinfer.config import RuntimeConfig
+    from edgeinfer.manifest import Manifest
+    from edgeinfer.runtime.generate import Generator
+
+    path, ids, tokens = Path(spec["path"]), list(spec["prompt_ids"]), int(spec["tokens"])
+    gen = Generator(
+        path,
+        Manifest.read(path),
+        config=RuntimeConfig(threads=int(spec["threads"])),
+        context_length=len(ids) + tokens + 1,
+    )
+
+    def measure(with_tokens: bool) -> dict[str, Any]:
+        gen.forget_prefix()  # a cold prefill every run
+        started = time.perf_counter()
+        token = int(np.argmax(gen.prefill(ids)))
+        ttft_s = time.perf_counter() - started
+        out, steps = [token], []
+        gen.run_seconds = 0.0
+        begin = time.perf_counter()
+        for position in range(len(ids), len(ids) + tokens):
+            t0 = time.perf_counter()
+            token = gen.decode_greedy(token, position)  # the runtime's greedy step
+            steps.append(time.perf_counter() - t0)
+            out.append(token)
+        wall = time.perf_counter() - begin
+        return {
+            "ttft_ms": ttft_s * 1e3,
+            "decode_tokens_per_s": tokens / wall,
+            "inter_token_ms": [s * 1e3 for s in steps],
+            "python_overhead_us_per_token": (wall - gen.run_seconds) / tokens * 1e6,
+            "token_ids": out,
+        }
+
+    return measure
+
+
+def _llamacpp(spec: dict[str, Any]) -> Measure:
+    try:
+        import xllamacpp
+    except ImportError as exc:
+        raise MissingDependencyError("xllamacpp", "llamacpp") from exc
+
+    ids, tokens, threads = list(spec["prompt_ids"]), int(spec["tokens"]), int(spec["threads"])
+    params = xllamacpp.CommonParams()
+    params.model.path = str(spec["path"])
+    params.n_ctx = len(ids) + tokens + 2
+    params.n_parallel = 1
+    params.cpuparams.n_threads = threads
+    params.cpuparams_batch.n_threads = threads
+    server = xllamacpp.Server(params)
+    request = {
+        "prompt": ids,  # token ids: used as they are (no BOS added)
+        "n_predict": tokens + 1,  # the first token comes from the prefill
+        "samplers": ["top_k"],
+        "top_k": 1,  # greedy
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "cache_prompt": False,  # a cold prefill every run
+        "stream": False,
+    }
+
+    def measure(with_tokens: bool) -> dict[str, Any]:
+        # The ids come with the top-1 log-probabilities: a softmax over the vocabulary per
+        # token, so only the untimed first run asks for them.
+        reply = server.handle_completions({**request, "n_probs": 1 if with_tokens else 0})
+        if "error" in reply or "timings" not in reply:
+            raise EdgeInferError(f"llama.cpp failed: {reply.get('error', reply)}")
+        timings = reply["timings"]
+        # llama.cpp counts the token sampled from the prefill in predicted_n but starts its
+        # decode clock after it: predicted_n - 1 decode steps ran in predicted_ms.
+        steps = int(timings["predicted_n"]) - 1
+        return {
+            "ttft_ms": float(timings["prompt_ms"]),
+            "decode_tokens_per_s": steps / float(timings["predicted_ms"]) * 1e3,
+            "token_ids": [
+                int(p["id"])
+                for p in ((reply["choices"][0].get("logprobs") or {}).get("content") or [])
+            ],
+        }
+
+    return measure
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak resident memory: VmHWM, the high-water mark of its own address
+    space. (``ru_maxrss`` would keep the parent's peak across fork + exec.)"""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def main() -> int:
+    """Serve one engine until ``quit``; return the exit code."""
+    # The protocol owns the real stdout; anything else written to fd 1 (llama.cpp's C code
+    # included) goes to stderr.
+    channel = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    spec = json.loads(sys.stdin.readline())
+    started = time.perf_counter()
+    measure = _llamacpp(spec) if spec["kind"] == "llamacpp" else _package(spec)
+    first = measure(True)
+    path = Path(spec["path"])
+    files = [path] if path.is_file() else [p for p in path.iterdir() if p.is_file()]
+
+    def reply(data: dict[str, Any]) -> None:
+        channel.write(json.dumps(data) + "\n")
+        channel.flush()
+
+    reply(
+        {
+            "cold_start_ms": (time.perf_counter() - started) * 1e3,
+            "file_bytes": sum(p.stat().st_size for p in files),
+            "token_ids": first["token_ids"],
+        }
+    )
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["cmd"] == "quit":
+            break
+        for _ in range(int(command["warmup"])):
+            measure(False)
+        runs = [measure(False) for _ in range(int(command["runs"]))]
+        reply({"runs": runs, "peak_rss_bytes": _peak_rss_bytes()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Keeping a loaded model's resident memory to what it uses (Linux; elsewhere these do nothing).
+
+Two kinds of pages outlive their use when a generate package loads:
+
+- freed heap: parsing the tokenizer's JSON and the graph's protobuf frees tens of MB that
+  glibc's malloc keeps for reuse; ``release_heap`` hands them back to the kernel;
+- mapped weights: onnxruntime maps a package's aligned external weights (``model.onnx.data``)
+  and reads them whole to prepack them into its own layout. The originals it keeps afterwards
+  (block scales, the embedding table it gathers rows from) are read again a row at a time at
+  most, so ``drop_file_pages`` drops their pages once the session is built and marks them for
+  random access: a row read later maps its own page from the page cache, not the 64 KiB the
+  kernel maps around a fault by default.
+
+A mapping is dropped only while it holds no page of its own (``Anonymous: 0`` in smaps: nothing
+was ever written to it), so ``MADV_DONTNEED`` discards nothing but clean file pages.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["drop_file_pages", "release_heap"]
+
+_MADV_RANDOM = 1  # no read-around: a gathered row maps its own page, not 64 KiB around it
+_MADV_DONTNEED = 4
+
+
+def _libc() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+def release_heap() -> None:
+    """Return the heap's free pages to the kernel (glibc's ``malloc_trim``)."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is not None:  # musl and other C libraries have none: nothing to return
+        trim(0)
+
+
+def _clean_mappings(path: str) -> list[tuple[int, int]]:
+    """The address ranges of ``path``'s private mappings that hold no written page."""
+    ranges: list[tuple[int, int]] = []
+    current: tuple[int, int] | None = None
+    try:
+        with open("/proc/self/smaps") as smaps:
+            for line in smaps:
+                fields = line.split(maxsplit=5)
+                if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+                    name = fields[5].rstrip("\n") if len(fields) == 6 else ""
+                    private = fields[1].endswith("p")
+                    start, end = (int(x, 16) for x in fields[0].split("-"))
+                    current = (start, end) if name == path and private else None
+                elif current is not None and fields[0] == "Anonymous:":
+                    if int(fields[1]) == 0:
+                        ranges.append(current)
+                    current = None
+    except OSError:
+        return []
+    return ranges
+
+
+def drop_file_pages(path: Path) -> int:
+    """Drop the resident pages of this process's unwritten mappings of ``path``; returns the
+    number of mappings dropped."""
+    madvise = getattr(_libc(), "madvise", None)
+    if madvise is None or not path.is_file():
+        return 0
+    ranges = _clean_mappings(os.path.realpath(path))
+    for start, end in ranges:
+        for advice in (_MADV_RANDOM, _MADV_DONTNEED):
+            madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), advice)
+    return len(ranges)

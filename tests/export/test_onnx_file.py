@@ -1,0 +1,214 @@
+"""ONNX files as sources: the graph's form decides the package (images, token ids, raw with
+state), data is read and held out as documented, and every refusal is a clear message with
+exit 2 and nothing at OUT."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx_models import accumulator, tiny_cnn
+
+import edgeinfer
+from edgeinfer.cli import main
+from edgeinfer.errors import ConfigError
+from edgeinfer.export import onnx_graph, preprocessing, tensors
+from edgeinfer.export.options import ExportOptions, OnnxFileOptions
+from edgeinfer.package_io import RawIO, TensorSpec
+
+X = TensorSpec("x", "float32", (1, 4))
+
+
+# -- data, state and preprocessing (fast)
+
+
+def test_tensor_files_become_streams_and_a_held_part(tmp_path: Path) -> None:
+    np.savez(tmp_path / "a.npz", x=np.ones((6, 1, 4), np.float32), sr=np.array(16000))
+    np.savez(tmp_path / "b.npz", x=np.zeros((6, 4), np.float32), sr=np.array(16000))
+    inputs = (X, TensorSpec("sr", "int64", ()))
+    stateful = tensors.read_streams(tmp_path, inputs, stateful=True)
+    assert [len(s) for s in stateful] == [6, 6]  # one stream per file
+    assert stateful[1][0]["x"].shape == (1, 4) and int(stateful[0][3]["sr"]) == 16000
+    samples = tensors.read_streams(tmp_path / "a.npz", inputs, stateful=False)
+    assert len(samples) == 6 and all(len(s) == 1 for s in samples)  # rows are samples
+    calibration, held = tensors.split_held(samples)
+    assert len(held) == 1 and len(calibration) == 5
+    (one,) = tensors.read_streams(tmp_path / "a.npz", inputs, stateful=True)
+    first, second = tensors.split_held([one])  # one stream is cut in two
+    assert len(first[0]) + len(second[0]) == 6
+    np.savez(tmp_path / "bad.npz", y=np.ones((2, 4), np.float32))
+    with pytest.raises(ConfigError, match="the graph takes"):
+        tensors.read_streams(tmp_path / "bad.npz", inputs, stateful=False)
+    with pytest.raises(ConfigError, match="several inputs"):
+        np.save(tmp_path / "x.npy", np.ones((2, 1, 4), np.float32))
+        tensors.read_streams(tmp_path / "x.npy", inputs, stateful=False)
+
+
+def test_state_pairs_are_found_by_name_or_given() -> None:
+    ins = (X, TensorSpec("state", "float32", (2, 1, 8)), TensorSpec("h0", "float32", (1, 8)))
+    outs = (
+        TensorSpec("y", "float32", (1, 1)),
+        TensorSpec("stateN", "float32", (2, 1, 8)),
+        TensorSpec("hn", "float32", (1, 8)),
+    )
+    assert onnx_graph.state_pairs(ins, outs) == [("state", "stateN"), ("h0", "hn")]
+    assert onnx_graph.state_pairs(ins, outs, ["x=y"]) == [("x", "y")]
+    with pytest.raises(ConfigError, match="INPUT=OUTPUT"):
+        onnx_graph.state_pairs(ins, outs, ["x=nothing"])
+    assert onnx_graph.input_form((TensorSpec("pixels", "float32", ("n", 3, 8, 8)),)) == "image"
+    assert onnx_graph.input_form((TensorSpec("input_ids", "int64", ("b", "s")),)) == "text"
+    assert onnx_graph.input_form(ins, ["state", "h0"]) == "tensor"
+
+
+def test_image_processor_configs_become_the_manifests_preprocessing(tmp_path: Path) -> None:
+    def spec(config: dict[str, object]) -> object:
+        (tmp_path / "p.json").write_text(json.dumps(config))
+        return preprocessing.spec_from_processor(tmp_path / "p.json")
+
+    vit = spec({"size": {"height": 224, "width": 224}, "image_mean": [0.5] * 3,
+                "image_std": [0.5] * 3, "resample": 2})  # fmt: skip
+    assert (vit.resize, vit.height, vit.mean[0], vit.std[0]) == ("stretch", 224, 127.5, 127.5)
+    imagenet = {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
+    convnext = spec({"size": {"shortest_edge": 224}, "crop_pct": 0.875, "resample": 3, **imagenet})
+    assert (convnext.resize, convnext.shorter_side, convnext.interpolation) == (
+        "shorter-side",
+        256,
+        "bicubic",
+    )
+    assert convnext.mean[0] == pytest.approx(123.675)
+    mobilenet = spec({"size": {"shortest_edge": 256}, "do_center_crop": True,
+                      "crop_size": {"height": 224, "width": 224}})  # fmt: skip
+    assert (mobilenet.resize, mobilenet.shorter_side, mobilenet.height) == (
+        "shorter-side",
+        256,
+        224,
+    )
+
+
+def test_labels_come_from_a_file_the_config_or_label_i(tmp_path: Path) -> None:
+    (tmp_path / "labels.txt").write_text("cat\ndog\n\n")
+    assert preprocessing.read_labels(tmp_path / "labels.txt", count=2) == ("cat", "dog")
+    with pytest.raises(ConfigError, match="holds 2 labels, but the model has 3"):
+        preprocessing.read_labels(tmp_path / "labels.txt", count=3)
+    assert preprocessing.default_labels({}, 2) == ("LABEL_0", "LABEL_1")
+    named = {"id2label": {"0": "neg", "1": "pos"}}
+    assert preprocessing.default_labels(named, 2) == ("neg", "pos")
+
+
+# -- exports (slow)
+
+
+@pytest.mark.slow
+def test_a_stateful_onnx_graph_becomes_a_raw_package(raw_package: Path) -> None:
+    manifest = json.loads((raw_package / "manifest.json").read_text())
+    assert manifest["task"] == "raw" and manifest["io"]["kind"] == "raw"
+    assert manifest["io"]["state"] == [
+        {"input": "state", "output": "stateN", "dtype": "float32", "shape": [1, 4]}
+    ]
+    assert manifest["accuracy"]["value"]["metric"] == "relative_error"
+    with edgeinfer.load(raw_package) as model:
+        assert isinstance(model.manifest.io, RawIO)
+        x = np.ones((1, 4), np.float32)
+        assert model.run({"x": x}, stream="mic")["out"].tolist() == [[2, 2, 2, 2]]
+        assert model.run({"x": x}, stream="mic")["out"].tolist() == [[4, 4, 4, 4]]
+        alone = model.run({"x": x})  # no stream: zero state, every output returned
+        assert alone["out"].tolist() == [[2, 2, 2, 2]] and "stateN" in alone
+        from edgeinfer.runtime.smoke import check
+
+        check(model)  # the recorded smoke cases run again
+
+
+@pytest.mark.slow
+def test_an_onnx_image_classifier_with_labels_and_user_calibration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from PIL import Image
+
+    from edgeinfer.export import images
+    from edgeinfer.export.run import export
+
+    graph = tiny_cnn(tmp_path / "cnn.onnx")
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i, view in enumerate(images.builtin_images("calibration", 16, size=48)):
+        Image.fromarray(view).save(photos / f"{i:02d}.png")
+    (tmp_path / "labels.txt").write_text("cat\ndog\nbird\n")
+    out = tmp_path / "pkg"
+    report = export(
+        ExportOptions(
+            source=str(graph),
+            out=out,
+            quantize="int8-static",
+            calibration=photos,
+            force_quantize=True,
+            builder=OnnxFileOptions(labels=tmp_path / "labels.txt"),
+        )
+    )
+    assert report.task == "classify" and report.chosen == "int8"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["io"]["kind"] == "image-classifier"
+    assert manifest["io"]["labels"] == ["cat", "dog", "bird"]
+    assert manifest["quantization"]["calibration_size"] == 12  # 16 photos, 4 held out
+    assert "held part" in manifest["accuracy"]["eval_data"]
+    assert any("ImageNet's mean" in w for w in report.warnings)
+    with edgeinfer.load(out) as model:
+        result = model.classify(str(photos / "00.png"))[0]
+        assert result.label in ("cat", "dog", "bird")
+    assert main(["classify", str(out), "--image", str(photos / "00.png"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["label"] == result.label
+
+
+def _refused(args: list[str], out: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["export", *args, "-o", str(out)]) == 2
+    assert not out.exists() and not out.with_name(out.name + ".partial").exists()
+    return " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.slow
+def test_refusals_are_clear_exit_2_and_leave_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a protobuf at all")
+    assert "is not an ONNX model" in _refused([str(broken)], out, capsys)
+    graph = accumulator(tmp_path / "acc.onnx")
+    assert "pass --eval-data" in _refused([str(graph), "--task", "raw"], out, capsys)
+    message = _refused([str(graph), "--task", "classify"], out, capsys)
+    assert "export it with --task raw" in message
+    cnn = tiny_cnn(tmp_path / "cnn.onnx")
+    (tmp_path / "two.txt").write_text("a\nb\n")
+    message = _refused([str(cnn), "--labels", str(tmp_path / "two.txt")], out, capsys)
+    assert "holds 2 labels, but the model has 3 classes" in message
+    both = tmp_path / "both"
+    both.mkdir()
+    accumulator(both / "a.onnx")
+    accumulator(both / "b.onnx")
+    assert "several ONNX graphs" in _refused([str(both)], out, capsys)
+
+
+@pytest.mark.slow
+def test_an_onnx_text_folder_embeds_with_its_tokenizer(tmp_path: Path) -> None:
+    """A folder as optimum writes it (model.onnx, tokenizer and config files, no weights)."""
+    import shutil
+
+    from families import TEXTS, build
+
+    from edgeinfer.export import convert
+    from edgeinfer.export.run import export
+    from edgeinfer.export.source import resolve_source
+
+    folder = build("roberta", tmp_path / "roberta")
+    graph = convert.to_onnx(resolve_source(str(folder)), "embed", tmp_path / "onnx")
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "vocab.json"):
+        shutil.copy(folder / name, graph.parent / name)
+    out = tmp_path / "pkg"
+    report = export(ExportOptions(source=str(graph.parent), out=out, held_count=16,
+                                  force_quantize=True))  # fmt: skip
+    assert (report.builder, report.task, report.chosen) == ("onnx-file", "embed", "int8")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["io"]["kind"] == "text-encoder" and manifest["io"]["max_seq_len"] == 64
+    with edgeinfer.load(out) as model:
+        assert model.embed(TEXTS[:2]).shape == (2, 32)
