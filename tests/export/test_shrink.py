@@ -49,6 +49,19 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+def test_students_refuse_what_they_cannot_build(tmp_path: Path) -> None:
+    from edgeinfer.errors import ConfigError
+    from edgeinfer.export.options import ShrinkOptions
+
+    for bad in ({}, {"layers": (0,)}, {"layers": (2, 2)}, {"prune_heads": 1.0}):
+        with pytest.raises(ConfigError):
+            ShrinkOptions(**bad)  # type: ignore[arg-type]
+    out = str(tmp_path / "out")
+    assert main(["export", "minilm", "-o", out, "--distill-layers", "four"]) == 2
+    assert main(["export", "minilm", "-o", out, "--distill-layers", "4", "--early-exit"]) == 2
+    assert main(["export", "minilm", "-o", out, "--distill-epochs", "2"]) == 2
+
+
 def test_pareto_front() -> None:
     points = [(1.0, 0.90), (2.0, 0.95), (2.5, 0.94), (3.0, 0.99), (1.0, 0.89)]
     assert pareto.front(points) == [True, True, False, True, False]
@@ -111,3 +124,37 @@ def test_export_distills_a_student_and_reports_every_candidate(
     manifest.verify(out)
     assert "pareto.png" in manifest.files
     assert manifest.accuracy["reference"] == "pytorch-fp32"
+
+
+@pytest.mark.slow
+def test_a_classifier_student_matches_the_teachers_labels(tiny_bert: Path, tmp_path: Path) -> None:
+    import torch
+    from transformers import BertForSequenceClassification
+
+    from edgeinfer.export.options import ExportOptions, ShrinkOptions
+    from edgeinfer.export.run import export
+
+    folder = tmp_path / "tiny-classifier"
+    torch.manual_seed(1)
+    labels = {0: "business", 1: "sport", 2: "tech"}
+    config = distill.load_teacher(tiny_bert, "embed").config
+    config.id2label, config.label2id = labels, {v: k for k, v in labels.items()}
+    BertForSequenceClassification(config).eval().save_pretrained(str(folder))
+    for name in _TOKENIZER_FILES:
+        shutil.copy2(tiny_bert / name, folder / name)
+    options = ExportOptions(
+        source=str(folder),
+        out=tmp_path / "classifier",
+        task="classify",
+        quantize="none",
+        held_count=24,
+        max_accuracy_loss=0.5,
+        threads=2,
+        builder=ShrinkOptions(layers=(2,), train_count=120, epochs=2),
+    )
+    report = export(options)
+    assert report.chosen == "student-2L-fp32"
+    student = report.variants["student-2L-fp32"]
+    assert student["accuracy"]["metric"] == "label_agreement"
+    assert student["student"]["layers"] == 2
+    assert Manifest.read(tmp_path / "classifier").io.labels == ("business", "sport", "tech")
