@@ -213,6 +213,8 @@ def export(
     except ExportError as exc:
         if json_output and exc.report:
             print_json(exc.report)  # what was measured before it failed
+        elif exc.report and exc.report.get("pareto"):  # every candidate, passing or not
+            console.print(pareto_table(exc.report["pareto"]), soft_wrap=True)
         raise
     if json_output:
         print_json(report.to_dict())

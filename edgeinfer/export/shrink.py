@@ -61,23 +61,24 @@ def add_students(builder: EncoderBuilder, options: ShrinkOptions) -> None:
         if options.train_data
         else calibrate.training_text(options.train_count)
     )[: options.train_count]
+    seq_len = options.seq_len or run.source.max_seq_len or 128
     with run.stage("teacher"):
         teacher = distill.load_teacher(run.source.path, run.task)
         tokenizer = AutoTokenizer.from_pretrained(str(run.source.path))  # type: ignore[no-untyped-call]
         batches = distill.make_batches(
-            tokenizer, texts, seq_len=options.seq_len, batch_tokens=_TRAIN.batch_tokens
+            tokenizer, texts, seq_len=seq_len, batch_tokens=_TRAIN.batch_tokens
         )
         selection = distill.make_batches(
             tokenizer,
             texts[:: max(1, len(texts) // _SELECTION_TEXTS)],
-            seq_len=options.seq_len,
+            seq_len=seq_len,
             batch_tokens=_TRAIN.batch_tokens,
         )
         distill.teacher_targets(teacher, selection, run.task)
     data = {
         "data": str(options.train_data) if options.train_data else "builtin:bbc-news-calibration",
         "texts": len(texts),
-        "seq_len": options.seq_len,
+        "seq_len": seq_len,
         "epochs": options.epochs,
         "seed": options.seed,
     }
