@@ -19,6 +19,9 @@ def profile(
     text: Annotated[str | None, typer.Option(help="a text to embed or classify")] = None,
     prompt: Annotated[str | None, typer.Option(help="a prompt to complete (generate)")] = None,
     image: Annotated[Path | None, typer.Option(help="an image file to classify")] = None,
+    chat: Annotated[
+        bool, typer.Option("--chat", help="generate: the prompt as a user message (chat template)")
+    ] = False,
     max_new_tokens: Annotated[int, typer.Option(help="generate: new tokens at most")] = 16,
     threads: Annotated[int | None, typer.Option(help="intra-op threads (default: all)")] = None,
     trace: Annotated[
@@ -37,6 +40,7 @@ def profile(
         image=image,
         threads=threads,
         max_new_tokens=max_new_tokens,
+        chat=chat,
     )
     if trace is not None:
         result.write_trace(trace)

@@ -19,10 +19,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import ConfigError, InferenceError
+
+if TYPE_CHECKING:
+    from edgeinfer.runtime.chat import Prompt
 
 __all__ = ["Profile", "Stage", "profile"]
 
@@ -97,9 +100,11 @@ def profile(
     image: str | Path | None = None,
     threads: int | None = None,
     max_new_tokens: int = 16,
+    chat: bool = False,
 ) -> Profile:
     """Profile one request to ``package``: ``text`` (embed, classify), ``prompt`` (generate,
-    greedy, ``max_new_tokens`` at most) or ``image`` (an image file to classify).
+    greedy, ``max_new_tokens`` at most; with ``chat``, sent as a user message through the
+    package's chat template) or ``image`` (an image file to classify).
 
     Raises:
         ConfigError: not exactly one input, or one the package's task does not take.
@@ -116,7 +121,8 @@ def profile(
         )
         try:
             task = model.task
-            request = _request(model, task, text, prompt, image, max_new_tokens)
+            message = [{"role": "user", "content": prompt}] if chat and prompt else prompt
+            request = _request(model, task, text, message, image, max_new_tokens)
             request()  # warm-up: allocation and kernel selection
             time.sleep(_GAP_S)
             before = model.metrics()
@@ -147,7 +153,7 @@ def _request(
     model: Any,
     task: str,
     text: str | None,
-    prompt: str | None,
+    prompt: Prompt | None,
     image: str | Path | None,
     max_new_tokens: int,
 ) -> Callable[[], Any]:

@@ -39,7 +39,8 @@ def test_profile_of_an_embedding_request(
 def test_profile_of_a_generation(tiny_package: Path) -> None:
     result = profile(tiny_package, prompt="Once upon a time", max_new_tokens=6, threads=1)
     assert result.request == "generate"
-    assert result.runs == result.detail["tokens"] >= 2  # prefill, then one per further token
+    # prefill, then a run per token (fewer when prompt lookup verifies several in one run)
+    assert 2 <= result.runs <= result.detail["tokens"]
     assert sum(s.ms for s in result.stages) == pytest.approx(result.total_ms, rel=0.05)
     names = {e["name"] for e in result.trace["traceEvents"]}
     assert "model_run" in names and "request" in names
