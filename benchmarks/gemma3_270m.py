@@ -99,7 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - started
     report = json.loads((args.out / "report.json").read_text())
     rows = {
-        name: {k: v.get(k) for k in ("bytes", "perplexity", "agreement", "tokens_per_s", "passed")}
+        name: {
+            "bytes": v.get("bytes"),
+            "tokens_per_s": v.get("tokens_per_s"),
+            "gate": (v.get("accuracy") or {}).get("summary"),
+            "passed": (v.get("accuracy") or {}).get("passed"),
+        }
         for name, v in report["variants"].items()
     }
     package_bytes = sum(p.stat().st_size for p in args.out.iterdir() if p.is_file())

@@ -44,11 +44,12 @@ IO = TextEncoderIO(
 )
 
 
-def run_with(variants: dict[str, tuple[float, float, bool]], **options: Any) -> Any:
-    """name -> (tokens/s, agreement, passes the gate); every name but fp32 is requested."""
+def run_with(variants: dict[str, tuple[Any, ...]], **options: Any) -> Any:
+    """name -> (tokens/s, agreement, passes the gate[, package bytes: 100 if not given]);
+    every name but fp32 is requested."""
     candidates = {}
     report = SimpleNamespace(variants={}, warnings=[], chosen=None)
-    for name, (speed, agreement, passed) in variants.items():
+    for name, (speed, agreement, passed, *size) in variants.items():
         candidates[name] = Candidate(
             name=name,
             precision=name,
@@ -58,7 +59,7 @@ def run_with(variants: dict[str, tuple[float, float, bool]], **options: Any) -> 
             requested=name != "fp32",
             quality=Quality("next_token_agreement", passed, agreement, f"{name} measured"),
         )
-        report.variants[name] = {"tokens_per_s": speed}
+        report.variants[name] = {"tokens_per_s": speed, "bytes": size[0] if size else 100}
     opts = SimpleNamespace(
         **{"keep_best": False, "force_quantize": False, "target": "cpu-avx2", **options}
     )
@@ -87,6 +88,17 @@ def test_fastest_passing_wins_and_near_ties_go_to_accuracy() -> None:
     assert chosen(run_with(variants)) == "c"
     variants["c"] = (50.0, 0.968, True)  # now clearly slower
     assert chosen(run_with(variants)) == "b"
+
+
+def test_among_near_ties_the_smaller_package_wins() -> None:
+    variants = {
+        "fp32": (25.0, 1.0, True, 650),
+        "small": (64.0, 0.955, True, 150),  # within 5 % of the fastest, half its bytes
+        "large": (66.0, 0.967, True, 290),
+    }
+    assert chosen(run_with(variants)) == "small"
+    variants["small"] = (50.0, 0.955, True, 150)  # clearly slower: speed first
+    assert chosen(run_with(variants)) == "large"
 
 
 def test_no_passing_variant_fails_or_keeps_fp32() -> None:

@@ -64,13 +64,23 @@ CPUS: dict[str, dict[str, str]] = {
 MB = 1e6
 
 
+# What the emulated interpreter needs from the arm64 root. Nothing else is linked: qemu looks a
+# path up in the root first, so a linked /tmp (or /home) would answer readlink("/tmp") with the
+# root's own folder, and realpath() of a package under this machine's /tmp (onnxruntime's check
+# of external-data paths) would end inside the root, where the package is not.
+_ROOT_ENTRIES = {"bin", "etc", "lib", "lib64", "sbin", "usr"}
+
+
 def cpu_root(cache: Path, root: Path, cpu: str) -> Path:
-    """A root for ``cpu``: links to every top-level entry of ``root`` plus its own cpuinfo."""
+    """A root for ``cpu``: links to the system folders of ``root`` plus its own cpuinfo."""
     out = cache / f"cpu-{cpu}"
     (out / "proc").mkdir(parents=True, exist_ok=True)
+    for link in out.iterdir():
+        if link.is_symlink() and link.name not in _ROOT_ENTRIES:
+            link.unlink()  # left by an earlier layout of this cache
     for entry in root.iterdir():
         link = out / entry.name
-        if entry.name != "proc" and not link.is_symlink():
+        if entry.name in _ROOT_ENTRIES and not link.is_symlink():
             link.symlink_to(entry.resolve())
     spec = CPUS[cpu]
     blocks = [
