@@ -45,6 +45,8 @@ class RuntimeConfig:
         warmup_runs: runs at load so the first request does not pay allocation and kernel
             selection; 2 because the second run still allocates on some providers.
         verify: check every package file's sha256 before onnxruntime reads it.
+        profile_dir: onnxruntime's profiler on: every session writes its per-op events into
+            this folder when it is freed (``edgeinfer profile``; slows every run a little).
     """
 
     providers: tuple[str, ...] | None = None
@@ -52,6 +54,7 @@ class RuntimeConfig:
     spin_wait: bool = True
     warmup_runs: int = 2
     verify: bool = True
+    profile_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:

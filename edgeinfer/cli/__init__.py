@@ -20,6 +20,7 @@ from edgeinfer.cli import (
     export_cmd,
     generate_cmd,
     inspect_cmd,
+    profile_cmd,
     request_cmd,
     serve_cmd,
     sign_cmd,
@@ -54,6 +55,7 @@ app.command("classify")(classify_cmd.classify)
 app.command("serve")(serve_cmd.serve)
 app.command("request")(request_cmd.request)
 app.command("bench")(bench_cmd.bench)
+app.command("profile")(profile_cmd.profile)
 app.command("keygen")(sign_cmd.keygen)
 app.command("sign")(sign_cmd.sign)
 app.command("deploy")(deploy_cmd.deploy)

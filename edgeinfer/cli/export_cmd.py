@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -12,7 +12,10 @@ from rich.table import Table
 from edgeinfer.cli.common import console, print_json
 from edgeinfer.errors import ConfigError
 
-__all__ = ["export"]
+if TYPE_CHECKING:
+    from edgeinfer.export.options import ShrinkOptions
+
+__all__ = ["export", "pareto_table"]
 
 
 class TaskChoice(str, Enum):
@@ -109,7 +112,24 @@ def export(
         int | None, typer.Option(help="early exit: a head every K layers (default: recipe's, 2)")
     ] = None,
     train_data: Annotated[
-        str | None, typer.Option(help="early exit: labelled data for the heads (bbc-news, mnist)")
+        str | None,
+        typer.Option(
+            help="early exit: labelled data for the heads (bbc-news, mnist); students: "
+            "unlabeled text (.txt lines, .jsonl 'text'; default: built-in BBC News)"
+        ),
+    ] = None,
+    distill_layers: Annotated[
+        str | None,
+        typer.Option(help="students with N layers distilled from the model (e.g. 4, or 3,4)"),
+    ] = None,
+    prune_heads: Annotated[
+        float, typer.Option(help="students: remove this share of every layer's heads")
+    ] = 0.0,
+    prune_ffn: Annotated[
+        float, typer.Option(help="students: remove this share of every layer's FFN neurons")
+    ] = 0.0,
+    distill_epochs: Annotated[
+        int | None, typer.Option(help="students: training passes over the text (default 3)")
     ] = None,
     variants: Annotated[
         str | None,
@@ -142,17 +162,28 @@ def export(
     from edgeinfer.export.run import export as run_export
 
     builder: BuilderOptions | None = None
+    shrinking = distill_layers is not None or bool(prune_heads) or bool(prune_ffn)
+    if early_exit and shrinking:
+        raise ConfigError("--early-exit and --distill-layers / --prune-* are separate exports")
     if early_exit:
         builder = EarlyExitOptions(exit_every=exit_every, train_data=train_data)
-    elif exit_every is not None or train_data is not None:
-        raise ConfigError("--exit-every and --train-data go with --early-exit")
+    elif shrinking:
+        builder = _shrink_options(
+            distill_layers, prune_heads, prune_ffn, train_data, distill_epochs
+        )
+    elif exit_every is not None or train_data is not None or distill_epochs is not None:
+        raise ConfigError(
+            "--exit-every goes with --early-exit, --distill-epochs with --distill-layers or "
+            "--prune-*, --train-data with either"
+        )
     elif variants or kv_dtype:
         names = tuple(v.strip() for v in variants.split(",") if v) if variants else None
         builder = DecoderOptions(variants=names, kv_dtype=kv_dtype or "float32")
     if labels is not None or state:
         if builder is not None:
             raise ConfigError(
-                "--labels and --state export ONNX files: drop --early-exit/--variants"
+                "--labels and --state export ONNX files: drop --early-exit, --variants and "
+                "--distill-layers"
             )
         builder = OnnxFileOptions(labels=labels, state=tuple(state or ()))
     options = ExportOptions(
@@ -182,6 +213,8 @@ def export(
     except ExportError as exc:
         if json_output and exc.report:
             print_json(exc.report)  # what was measured before it failed
+        elif exc.report and exc.report.get("pareto"):  # every candidate, passing or not
+            console.print(pareto_table(exc.report["pareto"]), soft_wrap=True)
         raise
     if json_output:
         print_json(report.to_dict())
@@ -189,6 +222,8 @@ def export(
     chosen = report.variants[report.chosen or "fp32"]
     speed = chosen.get("speed", {})
     console.print(f"wrote [bold]{out}[/]: {chosen['accuracy']['summary']}" + _speed(speed))
+    if report.pareto:
+        console.print(pareto_table(report.pareto), soft_wrap=True)
     for warning in report.warnings:
         console.print(f"[yellow]warning[/]: {warning}")
 
@@ -202,6 +237,63 @@ def _speed(speed: dict[str, Any]) -> str:
         f", {speed['speedup_vs_fp32']:.2f}x fp32 speed (99 % interval {low:.2f}-{high:.2f}, "
         f"{speed['pairs']} paired runs)"
     )
+
+
+def _shrink_options(
+    layers: str | None, heads: float, ffn: float, train_data: str | None, epochs: int | None
+) -> ShrinkOptions:
+    from edgeinfer.export.options import ShrinkOptions
+
+    try:
+        depths = tuple(int(n) for n in layers.split(",") if n.strip()) if layers else ()
+    except ValueError as exc:
+        raise ConfigError(
+            f"--distill-layers takes layer counts like 4 or 3,4, not {layers!r}"
+        ) from exc
+    return ShrinkOptions(
+        layers=depths,
+        prune_heads=heads,
+        prune_ffn=ffn,
+        train_data=Path(train_data) if train_data else None,
+        **({"epochs": epochs} if epochs is not None else {}),
+    )
+
+
+def pareto_table(rows: list[dict[str, Any]]) -> Table:
+    """The export's candidates, fastest first: accuracy against batch-1 latency."""
+    table = Table(title="candidates (accuracy vs the fp32 source on held text; batch-1 latency)")
+    columns = (
+        "candidate",
+        "layers",
+        "heads",
+        "ffn",
+        "MB",
+        "accuracy",
+        "min",
+        "gate",
+        "short ms",
+        "long ms",
+        "vs fp32",
+        "front",
+    )
+    for column in columns:
+        table.add_column(column, justify="left" if column == "candidate" else "right")
+    for r in rows:
+        table.add_row(
+            r["name"],
+            str(r["layers"]),
+            str(r["heads"]),
+            str(r["ffn"]),
+            f"{r['graph_mb']:.1f}",
+            f"{r['accuracy']:.4f}",
+            f"{r['accuracy_min']:.4f}" if r["accuracy_min"] is not None else "—",
+            "pass" if r["passed"] else "fail",
+            f"{r['short_ms']:.2f}",
+            f"{r['long_ms']:.2f}",
+            f"{r['speedup_vs_fp32']:.2f}x",
+            "●" if r["pareto_front"] else "",
+        )
+    return table
 
 
 def _list(json_output: bool) -> None:

@@ -19,7 +19,14 @@ import numpy as np
 
 from edgeinfer.errors import ConfigError, MissingDependencyError
 
-__all__ = ["bbc_articles", "builtin_text", "read_text_file", "split_texts", "text_feeds"]
+__all__ = [
+    "bbc_articles",
+    "builtin_text",
+    "read_text_file",
+    "split_texts",
+    "text_feeds",
+    "training_text",
+]
 
 Split = Literal["calibration", "held"]
 
@@ -60,6 +67,24 @@ def builtin_text(split: Split, count: int) -> list[str]:
         # The corpus holds a few duplicate articles; a held set must not count one twice.
         out.extend(item for item in _items(article) if item not in out)
     return out[:count]
+
+
+def training_text(count: int) -> list[str]:
+    """``count`` unlabeled texts for distillation, from the calibration side only (the gate's
+    held articles are never trained on): each article's two items and its next few sentences
+    alone, articles taken evenly through the corpus."""
+    if count < 1:
+        raise ConfigError(f"count must be >= 1, got {count}")
+    per_article: list[list[str]] = []
+    for _, article in bbc_articles()[0::2]:
+        items = list(_items(article))
+        if items:
+            sentences = items[1].split(". ")[1:4]
+            per_article.append(items + [s.rstrip(".") + "." for s in sentences if len(s) > 20])
+    out: list[str] = []
+    for depth in range(max(map(len, per_article))):  # every article's first text, then second
+        out.extend(texts[depth] for texts in per_article if depth < len(texts))
+    return list(dict.fromkeys(out))[:count]
 
 
 def read_text_file(path: Path) -> list[str]:

@@ -94,9 +94,12 @@ class ExportReport:
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     chosen: str | None = None
     warnings: list[str] = field(default_factory=list)
+    pareto: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready report."""
+        """JSON-ready report (``pareto``: every candidate's accuracy and latency, when the
+        export measured them)."""
+        extra = {"pareto": self.pareto} if self.pareto else {}
         return {
             "source": self.source,
             "task": self.task,
@@ -107,6 +110,7 @@ class ExportReport:
             "variants": self.variants,
             "chosen": self.chosen,
             "warnings": self.warnings,
+            **extra,
         }
 
 
@@ -188,6 +192,8 @@ class ExportContext:
             builder=builder,
         )
         self.candidates: dict[str, Candidate] = {}
+        # Files the package carries besides the chosen variant's (a plot of the report).
+        self.attachments: dict[str, bytes] = {}
 
     @property
     def threads(self) -> int | None:

@@ -24,11 +24,17 @@ def optimize(source: Source, graph: Path, out_path: Path) -> dict[str, int]:
     from onnxruntime.transformers.optimizer import optimize_model
 
     config = source.config
+    heads = int(config.get("num_attention_heads", 0))
+    hidden = int(config.get("hidden_size", 0))
+    pruned = config.get("pruned_heads") or {}
+    if pruned and heads:  # a pruned student: as many heads left in every layer, same head size
+        left = heads - len(next(iter(pruned.values())))
+        heads, hidden = left, hidden // heads * left
     model = optimize_model(
         str(graph),
         model_type=_OPTIMIZER_TYPES.get(source.model_type, "bert"),
-        num_heads=int(config.get("num_attention_heads", 0)),
-        hidden_size=int(config.get("hidden_size", 0)),
+        num_heads=heads,
+        hidden_size=hidden,
         opt_level=0,
     )
     model.save_model_to_file(str(out_path))

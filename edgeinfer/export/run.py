@@ -133,7 +133,7 @@ def _write(run: ExportContext, builder: Builder, chosen: Candidate, partial: Pat
         partial,
         files=chosen.files,
         fields=run.fields(chosen, builder.accuracy(chosen)),
-        extra_files={"report.json": report},
+        extra_files={**run.attachments, "report.json": report},
     )
     config = RuntimeConfig(threads=run.threads, spin_wait=False, warmup_runs=0, verify=False)
     with load(partial, config=config) as model:

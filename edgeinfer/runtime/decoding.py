@@ -66,10 +66,10 @@ class Decoder:
         try:
             self._session = ort.InferenceSession(
                 str(graph),
-                sess_options=session_options(config),
                 providers=eps.with_options(
                     eps.resolve(config.providers or tuple(manifest.providers)), package=Path(path)
                 ),
+                sess_options=session_options(config, graph=graph),  # last: its clock stamp
             )
         except Exception as exc:  # ORT raises its own pybind classes
             raise PackageError(f"cannot load the generate package {path}: {exc}") from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,11 @@ from edgeinfer.providers import with_options
 __all__ = ["GraphSession", "session_options"]
 
 
-def session_options(config: RuntimeConfig) -> Any:
-    """onnxruntime ``SessionOptions`` for ``config``: threads, spinning and optimization level."""
+def session_options(config: RuntimeConfig, *, graph: Path | None = None) -> Any:
+    """onnxruntime ``SessionOptions`` for ``config``: threads, spinning and optimization level;
+    with ``config.profile_dir``, the profiler on, its file named ``<ns>.<graph stem>_*.json``
+    where ``<ns>`` is ``time.time_ns()`` just before the session starts (``runtime.profile``
+    places the events on the request's clock with it)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -28,6 +32,10 @@ def session_options(config: RuntimeConfig) -> Any:
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if config.spin_wait else "0")
     so.log_severity_level = 3
+    if config.profile_dir is not None:
+        so.enable_profiling = True
+        stem = graph.stem if graph is not None else "graph"
+        so.profile_file_prefix = str(config.profile_dir / f"{time.time_ns()}.{stem}")
     return so
 
 
@@ -46,8 +54,8 @@ class GraphSession:
         try:
             self._session = ort.InferenceSession(
                 str(path),
-                sess_options=session_options(config),
                 providers=with_options(providers, package=path.parent),
+                sess_options=session_options(config, graph=path),  # last: its clock stamp
             )
         except Exception as exc:  # ORT raises its own pybind classes, not a public hierarchy
             raise PackageError(

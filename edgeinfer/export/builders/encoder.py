@@ -18,12 +18,15 @@ from edgeinfer.export import (
     convert,
     optimize,
     package,
+    pareto,
     preprocessing,
     quantize,
+    shrink,
     validate,
 )
 from edgeinfer.export.builders.base import Builder
 from edgeinfer.export.context import Candidate, Quality
+from edgeinfer.export.options import ShrinkOptions
 from edgeinfer.package_io import PackageIO, TextClassifierIO, TextEncoderIO
 
 __all__ = ["EncoderBuilder"]
@@ -37,9 +40,12 @@ class EncoderBuilder(Builder):
 
     name = "encoder"
     tasks = ("embed", "classify")
+    options_type = ShrinkOptions
 
     def build(self) -> None:
         run, opts = self.run, self.run.options
+        # With students asked for, the teacher's variants are reference points, not shipped.
+        self.shrink = opts.builder if isinstance(opts.builder, ShrinkOptions) else None
         if run.quant.mode == "fp16":
             raise ConfigError("text encoders export fp32 or int8 on cpu-* targets, not fp16")
         self.held = (
@@ -65,20 +71,25 @@ class EncoderBuilder(Builder):
         with run.stage("optimize"):
             fused = run.work / "fused.onnx"
             fused_ops = optimize.optimize(run.source, raw, fused)
-            fp32 = run.add(self._candidate("fp32", fused, "fp32", requested=not self._quantized))
+            wanted = not self._quantized and self.shrink is None
+            fp32 = run.add(self._candidate("fp32", fused, "fp32", requested=wanted))
             self._measure(fp32)
             run.note("fp32", fused_ops=fused_ops)
         if self._quantized:
             with run.stage("quantize"):
-                self._measure(run.add(self._int8(fused, fp32)))
+                int8 = self._int8(fused, fp32)
+                int8.requested = self.shrink is None
+                self._measure(run.add(int8))
+        if self.shrink is not None:
+            shrink.add_students(self, self.shrink)
 
     @property
     def _quantized(self) -> bool:
         return self.run.quant.mode != "none"
 
-    def _int8(self, fused: Path, fp32: Candidate) -> Candidate:
+    def _int8(self, fused: Path, fp32: Candidate, name: str = "int8") -> Candidate:
         run, quant = self.run, self.run.quant
-        graph = run.work / "int8.onnx"
+        graph = fused.with_name(f"{name}.onnx")
         if quant.mode == "int8":
             quantize.quantize_dynamic_int8(fused, graph, quant)
         else:
@@ -101,7 +112,7 @@ class EncoderBuilder(Builder):
                 calibration_method=quant.calibration_method,
                 calibration_size=quant.calibration_size,
             )
-        return self._candidate("int8", graph, "int8", requested=True, quantization=info)
+        return self._candidate(name, graph, "int8", requested=True, quantization=info)
 
     def _candidate(
         self,
@@ -170,6 +181,11 @@ class EncoderBuilder(Builder):
                 details=accuracy.to_dict(loss),
             ),
         )
+
+    def prefer(self, passing: list[Candidate]) -> Candidate:
+        if self.shrink is None:
+            return passing[0]
+        return pareto.fastest(passing, self.run.report.variants)
 
     def probe(self, candidate: Candidate) -> Callable[[], object]:
         model = validate.load_candidate(self.run.stage_candidate(candidate), self.run.threads)

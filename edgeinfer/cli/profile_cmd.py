@@ -1,0 +1,60 @@
+"""``edgeinfer profile PKG --text T|--prompt P|--image FILE``: where one request's time goes,
+per stage and per graph op type, as a table (or ``--json``) and a Chrome trace (``--trace``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from edgeinfer.cli.common import console, print_json
+
+__all__ = ["profile"]
+
+
+def profile(
+    package: Annotated[Path, typer.Argument(help="package folder")],
+    text: Annotated[str | None, typer.Option(help="a text to embed or classify")] = None,
+    prompt: Annotated[str | None, typer.Option(help="a prompt to complete (generate)")] = None,
+    image: Annotated[Path | None, typer.Option(help="an image file to classify")] = None,
+    chat: Annotated[
+        bool, typer.Option("--chat", help="generate: the prompt as a user message (chat template)")
+    ] = False,
+    max_new_tokens: Annotated[int, typer.Option(help="generate: new tokens at most")] = 16,
+    threads: Annotated[int | None, typer.Option(help="intra-op threads (default: all)")] = None,
+    trace: Annotated[
+        Path | None, typer.Option(help="write a Chrome trace (chrome://tracing, Perfetto)")
+    ] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
+) -> None:
+    """Run one request twice (warm-up, then measured) with onnxruntime's profiler on and show
+    where the measured one spent its time."""
+    from edgeinfer.runtime.profile import profile as run_profile
+
+    result = run_profile(
+        package,
+        text=text,
+        prompt=prompt,
+        image=image,
+        threads=threads,
+        max_new_tokens=max_new_tokens,
+        chat=chat,
+    )
+    if trace is not None:
+        result.write_trace(trace)
+    if json_output:
+        print_json({**result.to_dict(), **({"trace": str(trace)} if trace else {})})
+        return
+    table = Table(title=f"{result.request} request: {result.total_ms:.2f} ms, {result.runs} runs")
+    for column in ("stage", "ms", "share", "calls"):
+        table.add_column(column, justify="left" if column == "stage" else "right")
+    for stage in result.stages:
+        share = stage.ms / result.total_ms if result.total_ms else 0.0
+        table.add_row(stage.name, f"{stage.ms:.3f}", f"{share:.1%}", str(stage.calls))
+    console.print(table)
+    for key, value in result.detail.items():
+        console.print(f"{key}: {value}")
+    if trace is not None:
+        console.print(f"trace: {trace} (open in chrome://tracing or ui.perfetto.dev)")

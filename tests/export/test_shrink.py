@@ -1,0 +1,160 @@
+"""Students in an export (``--distill-layers``, ``--prune-*``) on a tiny random BERT built from
+a config here: layers chosen, heads and neurons pruned, trained to match the teacher, gated
+against the teacher in fp32, and every candidate in the report's Pareto table."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.cli import main
+from edgeinfer.export import calibrate, distill, pareto, prune
+from edgeinfer.export.recipes import find
+from edgeinfer.manifest import Manifest
+
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-layer BERT (hidden 32, 4 heads, FFN 64) with random weights (seed 0) and the
+    MiniLM tokenizer."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    recipe = find("minilm")
+    assert recipe is not None
+    vocab = recipe.locate()
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    BertModel(config).eval().save_pretrained(str(folder))
+    for name in _TOKENIZER_FILES:
+        shutil.copy2(vocab / name, folder / name)
+    return folder
+
+
+def test_students_refuse_what_they_cannot_build(tmp_path: Path) -> None:
+    from edgeinfer.errors import ConfigError
+    from edgeinfer.export.options import ShrinkOptions
+
+    for bad in ({}, {"layers": (0,)}, {"layers": (2, 2)}, {"prune_heads": 1.0}):
+        with pytest.raises(ConfigError):
+            ShrinkOptions(**bad)  # type: ignore[arg-type]
+    out = str(tmp_path / "out")
+    assert main(["export", "minilm", "-o", out, "--distill-layers", "four"]) == 2
+    assert main(["export", "minilm", "-o", out, "--distill-layers", "4", "--early-exit"]) == 2
+    assert main(["export", "minilm", "-o", out, "--distill-epochs", "2"]) == 2
+
+
+def test_pareto_front() -> None:
+    points = [(1.0, 0.90), (2.0, 0.95), (2.5, 0.94), (3.0, 0.99), (1.0, 0.89)]
+    assert pareto.front(points) == [True, True, False, True, False]
+
+
+def test_pruning_keeps_the_most_important_units(tiny_bert: Path) -> None:
+    import torch
+    from transformers import AutoTokenizer
+
+    teacher = distill.load_teacher(tiny_bert, "embed")
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_bert))  # type: ignore[no-untyped-call]
+    batches = distill.make_batches(
+        tokenizer, calibrate.training_text(24), seq_len=32, batch_tokens=256
+    )
+    assert all(b.input_ids.numel() <= 256 for b in batches)
+    heads, ffn = prune.importance(teacher, batches)
+    assert heads.shape == (4, 4) and ffn.shape == (4, 64) and bool((heads > 0).all())
+    student = distill.keep_layers(teacher, [0, 1, 3])
+    left = prune.prune(
+        student, prune.importance(student, batches), heads_fraction=0.5, ffn_fraction=0.25
+    )
+    assert left == {"heads": 2, "ffn": 48}
+    layer = distill.encoder_layers(student)[0]
+    assert layer.intermediate.dense.out_features == 48
+    assert layer.attention.self.num_attention_heads == 2
+    distill.teacher_targets(teacher, batches, "embed", [0, 1, 3])
+    before = sum(distill._loss(student, b, "embed").item() for b in batches)
+    config = distill.TrainConfig(epochs=2, learning_rate=1e-3, batch_tokens=256, seed=0)
+    losses = distill.train(student, batches, "embed", config)
+    assert losses[-1] < before / len(batches)
+    with torch.no_grad():
+        out = distill.outputs(student, batches[0], "embed")[1]
+    assert out.shape == (batches[0].input_ids.shape[0], 32)
+
+
+@pytest.mark.slow
+def test_export_distills_a_student_and_reports_every_candidate(
+    tiny_bert: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train = tmp_path / "train.txt"
+    train.write_text("\n".join(calibrate.training_text(160)) + "\n")
+    held = tmp_path / "held.txt"
+    held.write_text("\n".join(calibrate.builtin_text("held", 24)) + "\n")
+    out = tmp_path / "student"
+    argv = [
+        "export", str(tiny_bert), "-o", str(out), "--task", "embed", "--quantize", "int8",
+        "--distill-layers", "2", "--prune-ffn", "0.5", "--distill-epochs", "2",
+        "--train-data", str(train), "--eval-data", str(held), "--max-accuracy-loss", "0.5",
+        "--force-quantize", "--threads", "2", "--json",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    names = {row["name"] for row in report["pareto"]}
+    assert names == {"fp32", "int8", "student-2L-fp32", "student-2L-int8"}
+    assert report["chosen"].startswith("student-2L")
+    student = report["variants"]["student-2L-fp32"]["student"]
+    assert student["layers"] == 2 and student["ffn"] == 32 and student["texts"] == 160
+    assert len(student["teacher_layers"]) == 2 and len(student["losses"]) == 2
+    manifest = Manifest.read(out)
+    manifest.verify(out)
+    assert "pareto.png" in manifest.files
+    assert manifest.accuracy["reference"] == "pytorch-fp32"
+
+
+@pytest.mark.slow
+def test_a_classifier_student_matches_the_teachers_labels(tiny_bert: Path, tmp_path: Path) -> None:
+    import torch
+    from transformers import BertForSequenceClassification
+
+    from edgeinfer.export.options import ExportOptions, ShrinkOptions
+    from edgeinfer.export.run import export
+
+    folder = tmp_path / "tiny-classifier"
+    torch.manual_seed(1)
+    labels = {0: "business", 1: "sport", 2: "tech"}
+    config = distill.load_teacher(tiny_bert, "embed").config
+    config.id2label, config.label2id = labels, {v: k for k, v in labels.items()}
+    BertForSequenceClassification(config).eval().save_pretrained(str(folder))
+    for name in _TOKENIZER_FILES:
+        shutil.copy2(tiny_bert / name, folder / name)
+    options = ExportOptions(
+        source=str(folder),
+        out=tmp_path / "classifier",
+        task="classify",
+        quantize="none",
+        held_count=24,
+        max_accuracy_loss=0.5,
+        threads=2,
+        builder=ShrinkOptions(layers=(2,), train_count=120, epochs=2),
+    )
+    report = export(options)
+    assert report.chosen == "student-2L-fp32"
+    student = report.variants["student-2L-fp32"]
+    assert student["accuracy"]["metric"] == "label_agreement"
+    assert student["student"]["layers"] == 2
+    assert Manifest.read(tmp_path / "classifier").io.labels == ("business", "sport", "tech")
