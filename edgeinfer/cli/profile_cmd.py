@@ -1,5 +1,6 @@
 """``edgeinfer profile PKG --text T|--prompt P|--image FILE``: where one request's time goes,
-per stage and per graph op type, as a table (or ``--json``) and a Chrome trace (``--trace``)."""
+per stage and per graph op type, as a table (or ``--json``), a Chrome trace (``--trace``) and a
+flame-style PNG (``--flame``)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,21 @@ def profile(
     ] = False,
     max_new_tokens: Annotated[int, typer.Option(help="generate: new tokens at most")] = 16,
     threads: Annotated[int | None, typer.Option(help="intra-op threads (default: all)")] = None,
+    wire: Annotated[
+        str,
+        typer.Option(
+            help="serve it as the MQTT bridge does, payload to reply: json, msgpack; "
+            "none: call the model directly"
+        ),
+    ] = "json",
+    batching: Annotated[
+        bool, typer.Option("--batching", help="through the dynamic batcher (its queue)")
+    ] = False,
     trace: Annotated[
         Path | None, typer.Option(help="write a Chrome trace (chrome://tracing, Perfetto)")
+    ] = None,
+    flame: Annotated[
+        Path | None, typer.Option(help="write a flame-style PNG of the breakdown")
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print as JSON")] = False,
 ) -> None:
@@ -41,11 +55,16 @@ def profile(
         threads=threads,
         max_new_tokens=max_new_tokens,
         chat=chat,
+        wire=None if wire == "none" else wire,
+        batching=batching,
     )
     if trace is not None:
         result.write_trace(trace)
+    if flame is not None:
+        result.write_flame(flame)
+    files = {name: str(path) for name, path in (("trace", trace), ("flame", flame)) if path}
     if json_output:
-        print_json({**result.to_dict(), **({"trace": str(trace)} if trace else {})})
+        print_json({**result.to_dict(), **files})
         return
     table = Table(title=f"{result.request} request: {result.total_ms:.2f} ms, {result.runs} runs")
     for column in ("stage", "ms", "share", "calls"):
@@ -58,3 +77,5 @@ def profile(
         console.print(f"{key}: {value}")
     if trace is not None:
         console.print(f"trace: {trace} (open in chrome://tracing or ui.perfetto.dev)")
+    if flame is not None:
+        console.print(f"flame: {flame}")
