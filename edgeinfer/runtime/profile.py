@@ -1,7 +1,7 @@
 """Where one request's time goes (``edgeinfer profile``): the runtime's own stage timings
 (``model.metrics()``: tokenize, queue, compute) joined with onnxruntime's profiler (every kernel
 of every graph run, grouped by op type), as a table, a Chrome trace (``chrome://tracing``,
-Perfetto) and a flame-style PNG (``runtime.flame``).
+Perfetto) and a flame-style PNG (``runtime.profile_views``).
 
 By default the request is served the way ``edgeinfer serve`` serves it, minus the network: its
 payload decoded by the bridge's protocol, run by the bridge's request runner, and the reply
@@ -197,14 +197,9 @@ class _Asked:
 
 def _request(model: Any, task: str, asked: _Asked) -> Callable[[], Any]:
     """The request as a direct call of the model."""
-    text, prompt, image, max_new_tokens = (
-        asked.text,
-        asked.prompt,
-        asked.image,
-        asked.max_new_tokens,
-    )
+    text, prompt, image = asked.text, asked.prompt, asked.image
     if prompt is not None and task == "generate":
-        return lambda: model.generate(prompt, max_new_tokens=max_new_tokens)
+        return lambda: model.generate(prompt, max_new_tokens=asked.max_new_tokens)
     if text is not None and task in ("embed", "classify"):
         return lambda: model.embed([text]) if task == "embed" else model.classify([text])
     if image is not None and task == "classify":
@@ -232,17 +227,11 @@ def _served(
     from edgeinfer.bridge import kinds, serving
     from edgeinfer.bridge import protocol as proto
 
-    text, prompt, image, max_new_tokens = (
-        asked.text,
-        asked.prompt,
-        asked.image,
-        asked.max_new_tokens,
-    )
     data: dict[str, Any] = {"id": "profile", "reply_to": "profile/reply"}
-    if text is not None:
-        data["text"] = text
-    elif image is not None:
-        path = Path(image)
+    if asked.text is not None:
+        data["text"] = asked.text
+    elif asked.image is not None:
+        path = Path(asked.image)
         fmt = _IMAGE_FORMATS.get(path.suffix.lower())
         if fmt is None:
             raise ConfigError(
@@ -254,10 +243,10 @@ def _served(
             "format": fmt,
             "data": blob if wire == "msgpack" else base64.b64encode(blob).decode("ascii"),
         }
-    elif isinstance(prompt, str):
-        data.update(prompt=prompt, max_new_tokens=max_new_tokens)
-    elif prompt is not None:
-        data.update(messages=list(prompt), max_new_tokens=max_new_tokens)
+    elif isinstance(asked.prompt, str):
+        data.update(prompt=asked.prompt, max_new_tokens=asked.max_new_tokens)
+    elif asked.prompt is not None:
+        data.update(messages=list(asked.prompt), max_new_tokens=asked.max_new_tokens)
     payload = proto.encode(data, fmt=wire)
     content_type = proto.CONTENT_MSGPACK if wire == "msgpack" else None
     streams = serving.StreamTable()
@@ -277,8 +266,8 @@ def _served(
         given = request.input
         result: Any
         if isinstance(given, kinds.GenerateInput):
-            asked = given.prompt if isinstance(given.prompt, str) else list(given.prompt)
-            result = model.generate(asked, max_new_tokens=given.max_new_tokens)
+            prompt = given.prompt if isinstance(given.prompt, str) else list(given.prompt)
+            result = model.generate(prompt, max_new_tokens=given.max_new_tokens)
             body = proto.Body(
                 {  # the fields of the bridge's last generation reply
                     "text": result.text,
@@ -347,7 +336,7 @@ def _breakdown(
             ops.setdefault(e["args"].get("op_name", "?"), []).append(e["dur"] / 1e3)
     kernels_ms = sum(sum(t) for t in ops.values())
     span_ms = {name: (end - start) / 1e6 for name, (start, end) in spans.items()}
-    stages = [Stage(name, ms) for name, ms in span_ms.items() if name.startswith("decode")]
+    stages = [Stage(span, ms) for span, ms in span_ms.items() if span.startswith("decode")]
     stages += [Stage(name, host[name]) for name in ("tokenize", "queue") if name in host]
     for op, times in sorted(ops.items(), key=lambda kv: -sum(kv[1])):
         stages.append(Stage(f"graph · {op}", sum(times), len(times)))
@@ -359,7 +348,7 @@ def _breakdown(
         name = "other"
     else:
         rest, name = rest - run_ms, "host: pre/post-process"
-    stages += [Stage(name, ms) for name, ms in span_ms.items() if name.startswith("serialize")]
+    stages += [Stage(span, ms) for span, ms in span_ms.items() if span.startswith("serialize")]
     stages.append(Stage(name, max(0.0, rest)))
     return stages, len(runs)
 

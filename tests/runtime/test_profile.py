@@ -40,8 +40,10 @@ def test_profile_of_an_embedding_request(
         next(e for e in events if e["name"] == name)
         for name in ("decode request", "serialize reply (json)")
     )
-    assert decode["ts"] + decode["dur"] <= min(e["ts"] for e in runs)
-    assert max(e["ts"] + e["dur"] for e in runs) <= serialize["ts"]
+    # the bridge's spans share the request's clock (the profiler's events are aligned to it
+    # only to within a few milliseconds): decode, then serialize, both inside the request
+    assert 0 <= decode["ts"] and decode["ts"] + decode["dur"] <= serialize["ts"]
+    assert serialize["ts"] + serialize["dur"] <= request["dur"]
     assert flame.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     import matplotlib.image
 
