@@ -399,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="edgeinfer-mqtt-bench-") as tmp:
         package = args.package
         if package is None:
-            from edgeinfer.export.pipeline import ExportOptions, export
+            from edgeinfer.export.options import ExportOptions
+            from edgeinfer.export.run import export
 
             package = Path(tmp) / "minilm-int8"
             export(ExportOptions(source="minilm", out=package, overwrite=True))

@@ -66,7 +66,8 @@ def profile(
     if json_output:
         print_json({**result.to_dict(), **files})
         return
-    table = Table(title=f"{result.request} request: {result.total_ms:.2f} ms, {result.runs} runs")
+    runs = f"{result.runs} graph run{'s' * (result.runs != 1)}"
+    table = Table(title=f"{result.request} request: {result.total_ms:.2f} ms, {runs}")
     for column in ("stage", "ms", "share", "calls"):
         table.add_column(column, justify="left" if column == "stage" else "right")
     for stage in result.stages:

@@ -91,3 +91,13 @@ def test_profile_of_a_photo_as_the_bridge_gets_it(effnet_fp32: Path, tmp_path: P
     bitmap.write_bytes(b"BM" + bytes(64))
     with pytest.raises(ConfigError, match="JPEG or PNG"):
         profile(effnet_fp32, image=bitmap)
+
+
+def test_flame_labels_are_cut_to_their_bars() -> None:
+    from edgeinfer.runtime.profile_views import _fit
+
+    label, name = "SkipLayerNormalization 0.51 ms", "SkipLayerNormalization"
+    assert _fit(label, name, 40) == label
+    assert _fit(label, name, 25) == name
+    assert _fit(label, name, 12) == "SkipLayerN…"  # 11 characters, one of margin
+    assert _fit(label, name, 4) == ""
