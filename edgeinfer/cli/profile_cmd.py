@@ -46,6 +46,7 @@ def profile(
     """Run one request twice (warm-up, then measured) with onnxruntime's profiler on and show
     where the measured one spent its time."""
     from edgeinfer.runtime.profile import profile as run_profile
+    from edgeinfer.runtime.profile_views import headline
 
     result = run_profile(
         package,
@@ -66,8 +67,7 @@ def profile(
     if json_output:
         print_json({**result.to_dict(), **files})
         return
-    runs = f"{result.runs} graph run{'s' * (result.runs != 1)}"
-    table = Table(title=f"{result.request} request: {result.total_ms:.2f} ms, {runs}")
+    table = Table(title=headline(result.request, result.total_ms, result.runs))
     for column in ("stage", "ms", "share", "calls"):
         table.add_column(column, justify="left" if column == "stage" else "right")
     for stage in result.stages:

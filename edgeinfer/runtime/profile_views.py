@@ -11,13 +11,18 @@ from typing import Any
 
 from edgeinfer.errors import MissingDependencyError
 
-__all__ = ["chrome_trace", "flame_png", "write_flame"]
+__all__ = ["chrome_trace", "flame_png", "headline", "write_flame"]
 
 # Graph stages are named "graph · <op type>" (and "graph · runtime").
 _GRAPH = "graph · "
 # About how many 7-point characters a row of the 10-inch, 110-dpi figure holds (~5.9 px each
 # on ~900 px of axes), a little under so that labels stay inside their bars.
 _ROW_CHARS = 150
+
+
+def headline(request: str, total_ms: float, runs: int) -> str:
+    """The one-line title of a profile, for its table and its flame PNG."""
+    return f"{request} request: {total_ms:.2f} ms, {runs} graph run{'s' * (runs != 1)}"
 
 
 def chrome_trace(
@@ -116,10 +121,7 @@ def flame_png(profile: dict[str, Any]) -> bytes:
     ax.set_yticks([0, 1, 2], ["request", "stages", "graph ops"])
     ax.set_xlim(0, max(total, at))
     ax.set_xlabel("milliseconds of the measured request")
-    runs = int(profile["runs"])
-    ax.set_title(
-        f"{profile['request']} request: {total:.2f} ms, {runs} graph run{'s' * (runs != 1)}"
-    )
+    ax.set_title(headline(profile["request"], total, int(profile["runs"])))
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
@@ -130,7 +132,7 @@ def flame_png(profile: dict[str, Any]) -> bytes:
 def _fit(label: str, name: str, chars: float) -> str:
     """What of a box's label fits in ``chars`` characters, as flame graphs cut theirs: the
     whole label, the name alone, the name cut with an ellipsis, or nothing."""
-    room = int(chars) - 1  # a character's margin on each side of the text, half each
+    room = int(chars) - 1  # one character of margin, half on each side
     if len(label) <= room:
         return label
     if len(name) <= room:
