@@ -20,6 +20,7 @@ import numpy as np
 from edgeinfer.errors import ConfigError, MissingDependencyError
 
 __all__ = [
+    "article_texts",
     "bbc_articles",
     "builtin_text",
     "read_text_file",
@@ -44,7 +45,8 @@ def bbc_articles() -> list[tuple[str, str]]:
     ]
 
 
-def _items(article: str) -> Iterator[str]:
+def article_texts(article: str) -> Iterator[str]:
+    """An article's two texts: headline + first sentence, and headline + body."""
     lines = [line.strip() for line in article.splitlines() if line.strip()]
     if len(lines) < 2:
         return
@@ -65,7 +67,7 @@ def builtin_text(split: Split, count: int) -> list[str]:
     out: list[str] = []
     for _, article in pool[::step]:
         # The corpus holds a few duplicate articles; a held set must not count one twice.
-        out.extend(item for item in _items(article) if item not in out)
+        out.extend(item for item in article_texts(article) if item not in out)
     return out[:count]
 
 
@@ -77,7 +79,7 @@ def training_text(count: int) -> list[str]:
         raise ConfigError(f"count must be >= 1, got {count}")
     per_article: list[list[str]] = []
     for _, article in bbc_articles()[0::2]:
-        items = list(_items(article))
+        items = list(article_texts(article))
         if items:
             sentences = items[1].split(". ")[1:4]
             per_article.append(items + [s.rstrip(".") + "." for s in sentences if len(s) > 20])
