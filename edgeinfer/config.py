@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from edgeinfer.errors import ConfigError
 
@@ -374,15 +374,38 @@ class SamplingConfig:
     seed: int | None = None
     draft_tokens: int = 8  # verifying 9 rows costs ~2 one-row steps on a 2-core CPU
 
+    # Below this the logits divided by the temperature overflow float32 for some vocabularies
+    # (1 / 1e-38 is inf: NaN probabilities, garbage tokens), and long before that the draw is
+    # argmax anyway: 0 asks for greedy.
+    MIN_TEMPERATURE: ClassVar[float] = 1e-3
+    MAX_TEMPERATURE: ClassVar[float] = 100.0
+
     def __post_init__(self) -> None:
-        if not 0.0 <= self.temperature <= 100.0:
-            raise ConfigError(f"temperature must be in [0, 100], got {self.temperature}")
+        real = (int, float)
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, real):
+            raise ConfigError(f"temperature must be a number, got {self.temperature!r}")
+        if not (
+            self.temperature == 0.0
+            or self.MIN_TEMPERATURE <= self.temperature <= self.MAX_TEMPERATURE
+        ):
+            raise ConfigError(
+                f"temperature must be 0 (greedy) or in [{self.MIN_TEMPERATURE:g}, "
+                f"{self.MAX_TEMPERATURE:g}], got {self.temperature}"
+            )
+        for name in ("top_k", "draft_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{name} must be an integer, got {value!r}")
         if self.top_k < 0:
             raise ConfigError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, real):
+            raise ConfigError(f"top_p must be a number, got {self.top_p!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.seed is not None and self.seed < 0:
-            raise ConfigError(f"seed must be >= 0, got {self.seed}")
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0
+        ):
+            raise ConfigError(f"seed must be an integer >= 0, got {self.seed!r}")
         if not 0 <= self.draft_tokens <= 64:
             raise ConfigError(f"draft_tokens must be in [0, 64], got {self.draft_tokens}")
 

@@ -17,11 +17,14 @@ from typing import Any, Final
 
 import numpy as np
 
+from edgeinfer.bridge import values
+
 __all__ = [
     "DTYPES",
     "ENCODINGS",
     "FLOAT32_BASE64",
     "MAX_ARRAY_DIMS",
+    "MAX_ARRAY_ELEMENTS",
     "SHORTEST",
     "decode_array",
     "encode_array",
@@ -38,6 +41,10 @@ SHORTEST: Final = "shortest"
 FLOAT32_BASE64: Final = "float32-base64"
 ENCODINGS: Final = (SHORTEST, FLOAT32_BASE64)
 MAX_ARRAY_DIMS: Final = 8
+# Elements an array's shape may name, zero-sized dimensions aside: the bytes of a non-empty
+# array are bounded by the payload limit anyway; this bounds the shape of an empty one
+# ([0, 2**63] would make numpy raise) and keeps every count inside int64.
+MAX_ARRAY_ELEMENTS: Final = 2**31
 
 
 def from_base64(text: str) -> bytes | None:
@@ -48,19 +55,30 @@ def from_base64(text: str) -> bytes | None:
         return None
 
 
+def _shape(shape: Any) -> list[int] | None:
+    """``shape`` as dimensions when it is a valid, bounded wire shape, else ``None``."""
+    if not isinstance(shape, list) or len(shape) > MAX_ARRAY_DIMS:
+        return None
+    dims = [values.integer(n, low=0, high=MAX_ARRAY_ELEMENTS) for n in shape]
+    if any(n is None for n in dims):
+        return None
+    checked = [n for n in dims if n is not None]
+    return checked if math.prod(max(n, 1) for n in checked) <= MAX_ARRAY_ELEMENTS else None
+
+
 def decode_array(value: Any, *, what: str) -> np.ndarray | str:
     """A wire array as a read-only numpy array, or the reason it is not a valid one."""
     if not isinstance(value, Mapping):
         return f"{what} must be an object {{dtype, shape, data}}"
     dtype, shape, data = value.get("dtype"), value.get("shape"), value.get("data")
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         return f"{what}.dtype must be one of {sorted(DTYPES)}"
-    if (
-        not isinstance(shape, list)
-        or len(shape) > MAX_ARRAY_DIMS
-        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
-    ):
-        return f"{what}.shape must be a list of at most {MAX_ARRAY_DIMS} integers >= 0"
+    dims = _shape(shape)
+    if dims is None:
+        return (
+            f"{what}.shape must be a list of at most {MAX_ARRAY_DIMS} integers >= 0 naming at "
+            f"most {MAX_ARRAY_ELEMENTS} elements"
+        )
     if isinstance(data, str):  # JSON carries the bytes as base64
         data = from_base64(data)
         if data is None:
@@ -68,12 +86,12 @@ def decode_array(value: Any, *, what: str) -> np.ndarray | str:
     if not isinstance(data, bytes):
         return f"{what}.data must be bytes (MsgPack bin) or a base64 string (JSON)"
     wire = np.dtype(str(dtype)).newbyteorder("<")
-    if math.prod(shape) * wire.itemsize != len(data):
+    if math.prod(dims) * wire.itemsize != len(data):
         return (
-            f"{what}: shape {shape} of {dtype} needs {math.prod(shape) * wire.itemsize} bytes, "
+            f"{what}: shape {dims} of {dtype} needs {math.prod(dims) * wire.itemsize} bytes, "
             f"got {len(data)}"
         )
-    array = np.frombuffer(data, dtype=wire).reshape(shape)
+    array = np.frombuffer(data, dtype=wire).reshape(dims)
     return array.astype(wire.newbyteorder("="), copy=False)
 
 

@@ -16,7 +16,6 @@ queued generation before it runs and a running one at its next token.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import deque
@@ -25,15 +24,13 @@ from typing import Any
 
 from edgeinfer.bridge import kinds
 from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge.failures import wire_error
 from edgeinfer.bridge.replies import DedupStore, Stored
 from edgeinfer.bridge.serving import ModelTable
 from edgeinfer.config import SamplingConfig
-from edgeinfer.errors import ConfigError, EdgeInferError, InputError
 from edgeinfer.runtime.streaming import first_stop, held_back
 
 __all__ = ["GenerationLane"]
-
-log = logging.getLogger(__name__)
 
 Send = Callable[[proto.Request, bytes], None]
 
@@ -135,10 +132,9 @@ class GenerationLane:
                 self._running = request.id
             try:
                 self._serve(request)
-            except Exception:  # a reply must go out whatever happened; the lane must live
-                log.exception("generation %r failed", request.id)
+            except Exception as exc:  # a reply must go out whatever happened; the lane lives
                 self._dedup.release(request.key, None)
-                self._reply_error(request, proto.INTERNAL, "internal error")
+                self._reply_error(request, *wire_error(exc, request_id=request.id))
             finally:
                 with self._cond:
                     self._running = None
@@ -173,18 +169,12 @@ class GenerationLane:
             return
         model = self._models.get(self.name)
         if model is None:
-            raise EdgeInferError(f"model {self.name!r} is no longer served")
-        try:
-            answer = self._generate(model, request, given, first_deadline)
-        except (InputError, ConfigError) as exc:  # a prompt too long, bad sampling values
             self._dedup.release(request.key, None)
-            self._reply_error(request, proto.BAD_REQUEST, str(exc))
+            self._reply_error(
+                request, proto.UNKNOWN_MODEL, f"model {self.name!r} is no longer served"
+            )
             return
-        except EdgeInferError as exc:
-            log.warning("generation %r failed: %s", request.id, exc)
-            self._dedup.release(request.key, None)
-            self._reply_error(request, proto.INTERNAL, f"{exc.code}: {exc}")
-            return
+        answer = self._generate(model, request, given, first_deadline)  # errors: _loop
         if answer.reason == "first_token_deadline":
             self._dedup.release(request.key, None)
             self._reply_error(

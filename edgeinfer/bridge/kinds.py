@@ -8,14 +8,14 @@ of a generation to stop). Each parser returns its input, or a string saying what
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
 
-from edgeinfer.bridge import arrays
+from edgeinfer.bridge import arrays, values
+from edgeinfer.config import SamplingConfig
 
 __all__ = [
     "KINDS",
@@ -23,6 +23,7 @@ __all__ = [
     "MAX_NEW_TOKENS",
     "MAX_TENSORS",
     "MAX_TEXTS",
+    "MAX_TIMEOUT_MS",
     "CancelInput",
     "GenerateInput",
     "ImageInput",
@@ -42,6 +43,16 @@ MAX_TENSORS: Final = 32
 MAX_NEW_TOKENS: Final = 4096
 MAX_STOPS: Final = 8
 MAX_NAME_CHARS: Final = 200
+# Timeouts a request may set: a day is longer than any answer a device waits for.
+MAX_TIMEOUT_MS: Final = 86_400_000.0
+MIN_TEMPERATURE: Final = SamplingConfig.MIN_TEMPERATURE
+# field -> (low, high, type): SamplingConfig's ranges (top_k and seed: within int64).
+_SAMPLING_RANGES: Final[dict[str, tuple[float, float, type]]] = {
+    "temperature": (0.0, SamplingConfig.MAX_TEMPERATURE, float),
+    "top_k": (0, 2**31 - 1, int),
+    "top_p": (0.0, 1.0, float),
+    "seed": (0, values.MAX_INT, int),
+}
 _IMAGE_FORMATS: Final = frozenset({"jpeg", "png"})
 _SAMPLING_KEYS: Final = frozenset({"temperature", "top_k", "top_p", "seed"})
 _FIELD_OF: Final = (
@@ -119,8 +130,8 @@ def parse_input(kind: str, data: Mapping[str, Any]) -> Input | str:
         return _tensor(data)
     if kind == "generate":
         return _generate(data)
-    target = data.get("cancel")
-    if not isinstance(target, str) or not 0 < len(target) <= MAX_NAME_CHARS:
+    target = values.text(data.get("cancel"), max_chars=MAX_NAME_CHARS)
+    if target is None:
         return f"'cancel' must be the id (1..{MAX_NAME_CHARS} characters) of a generation"
     return CancelInput(target)
 
@@ -160,7 +171,8 @@ def _image(data: Mapping[str, Any]) -> ImageInput | str:
         what = f"images[{i}]"
         if isinstance(item, Mapping) and "format" in item:
             fmt, blob = item.get("format"), item.get("data")
-            if fmt not in _IMAGE_FORMATS or not isinstance(blob, (bytes, str)) or not blob:
+            known = isinstance(fmt, str) and fmt in _IMAGE_FORMATS
+            if not known or not isinstance(blob, (bytes, str)) or not blob:
                 return f"{what} must be {{format: jpeg|png, data: bytes or base64}}"
             decoded = arrays.from_base64(blob) if isinstance(blob, str) else blob
             if decoded is None:
@@ -182,23 +194,16 @@ def _tensor(data: Mapping[str, Any]) -> TensorInput | str:
         return f"'inputs' must be an object of 1..{MAX_TENSORS} named arrays"
     arrays_in: dict[str, np.ndarray] = {}
     for name, value in feeds.items():
-        if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS:
-            return "every input name must be a string of 1..200 characters"
+        if values.text(name, max_chars=MAX_NAME_CHARS) is None:
+            return f"every input name must be a string of 1..{MAX_NAME_CHARS} characters"
         array = arrays.decode_array(value, what=f"inputs.{name}")
         if isinstance(array, str):
             return array
         arrays_in[name] = array
     stream = data.get("stream")
-    if stream is not None and (not isinstance(stream, str) or not 0 < len(stream) <= 200):
-        return "'stream' must be a string of 1..200 characters"
+    if stream is not None and values.text(stream, max_chars=MAX_NAME_CHARS) is None:
+        return f"'stream' must be a string of 1..{MAX_NAME_CHARS} characters"
     return TensorInput(arrays_in, stream)
-
-
-def _positive(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) and number > 0 else None
 
 
 def _generate(data: Mapping[str, Any]) -> GenerateInput | str:
@@ -223,23 +228,12 @@ def _generate(data: Mapping[str, Any]) -> GenerateInput | str:
         ):
             return "'messages' must be a non-empty list of {role, content} strings"
         prompt = tuple(dict(m) for m in messages)
-    max_new = data.get("max_new_tokens", 128)
-    if isinstance(max_new, bool) or not isinstance(max_new, int):
+    max_new = values.integer(data.get("max_new_tokens", 128), low=1, high=MAX_NEW_TOKENS)
+    if max_new is None:
         return f"'max_new_tokens' must be an integer in 1..{MAX_NEW_TOKENS}"
-    if not 1 <= max_new <= MAX_NEW_TOKENS:
-        return f"'max_new_tokens' must be an integer in 1..{MAX_NEW_TOKENS}"
-    sampling = data.get("sampling")
-    if sampling is not None and (
-        not isinstance(sampling, Mapping) or not set(sampling) <= _SAMPLING_KEYS
-    ):
-        return f"'sampling' must be an object with keys in {sorted(_SAMPLING_KEYS)}"
-    if sampling is not None and not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        for v in sampling.values()
-    ):
-        return "'sampling' values must be numbers"
-    if sampling is not None and not isinstance(sampling.get("seed", 0), int):
-        return "'sampling.seed' must be an integer"
+    sampling = _sampling(data.get("sampling"))
+    if isinstance(sampling, str):
+        return sampling
     stop = data.get("stop", [])
     if (
         not isinstance(stop, list)
@@ -248,12 +242,46 @@ def _generate(data: Mapping[str, Any]) -> GenerateInput | str:
     ):
         return f"'stop' must be a list of at most {MAX_STOPS} non-empty strings"
     first = data.get("first_token_timeout_ms")
-    if first is not None and _positive(first) is None:
-        return "'first_token_timeout_ms' must be a positive number"
+    first_ms = None if first is None else values.finite(first, low=0.0, high=MAX_TIMEOUT_MS)
+    if first is not None and not first_ms:
+        return f"'first_token_timeout_ms' must be a positive number of ms, at most {MAX_TIMEOUT_MS:.0f}"
     return GenerateInput(
         prompt=prompt,
         max_new_tokens=max_new,
         sampling=sampling,
         stop=tuple(stop),
-        first_token_timeout_ms=None if first is None else float(first),
+        first_token_timeout_ms=first_ms,
     )
+
+
+def _sampling(given: Any) -> Mapping[str, Any] | str | None:
+    """The sampling fields, each of its type and in its range, or the reason they are not.
+
+    The ranges are ``SamplingConfig``'s, checked here so that a bad value is a
+    ``bad_request`` naming the field, never an exception deep in the sampler."""
+    if given is None:
+        return None
+    if not isinstance(given, Mapping) or not set(given) <= _SAMPLING_KEYS:
+        return f"'sampling' must be an object with keys in {sorted(_SAMPLING_KEYS)}"
+    checked: dict[str, Any] = {}
+    for key, value in given.items():
+        low, high, kind = _SAMPLING_RANGES[key]
+        number = (
+            values.integer(value, low=int(low), high=int(high))
+            if kind is int
+            else values.finite(value, low=low, high=high)
+        )
+        if number is None:
+            noun = "an integer" if kind is int else "a number"
+            return f"'sampling.{key}' must be {noun} in [{low:g}, {high:g}]"
+        checked[key] = number
+    temperature = checked.get("temperature", 0.0)
+    if 0.0 < temperature < MIN_TEMPERATURE:
+        return (
+            f"'sampling.temperature' must be 0 (greedy) or at least {MIN_TEMPERATURE:g}: below "
+            "that the draw is greedy in all but name"
+        )
+    top_p = checked.get("top_p", 1.0)
+    if top_p <= 0.0:
+        return "'sampling.top_p' must be in (0, 1]"
+    return checked

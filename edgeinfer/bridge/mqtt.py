@@ -267,6 +267,16 @@ class Bridge:
             log.warning("disconnected (%s); reconnecting with backoff", reason)
 
     def _on_message(self, client: PahoClient, userdata: Any, message: MQTTMessage) -> None:
+        # Nothing may escape: an exception here would end paho's network thread (the bridge
+        # alive but deaf) and leave the message unacknowledged, so the broker would deliver
+        # the same poison at every restart. Returning acknowledges it: it is consumed once.
+        try:
+            self._handle(message)
+        except Exception:
+            log.exception("dropped a message that could not be handled (acknowledged)")
+            self._reply_unhandled(message)
+
+    def _handle(self, message: MQTTMessage) -> None:
         received_ms = self._clock()
         levels = message.topic.split("/")
         if self.deployer is not None and levels[-2:] == ["deploy", "req"]:
@@ -283,8 +293,29 @@ class Bridge:
             correlation=bytes(correlation) if correlation is not None else None,
             max_payload_bytes=self.config.max_payload_bytes,
             received_ms=received_ms,
+            reply_refusal=self.config.reply_refusal,
         )
         self.worker.submit(decoded)
+
+    def _reply_unhandled(self, message: MQTTMessage) -> None:
+        """An ``internal`` error reply to a message that broke its handler, where it asked
+        for one at an allowed topic (the errors topic otherwise); never raises."""
+        try:
+            props = getattr(message, "properties", None)
+            topic = getattr(props, "ResponseTopic", None) or None
+            correlation = getattr(props, "CorrelationData", None)
+            allowed = isinstance(topic, str) and self.config.reply_refusal(topic) is None
+            self.worker.submit(
+                proto.ErrorReply(
+                    proto.INTERNAL,
+                    "the bridge could not handle this message and dropped it; see its log",
+                    reply_to=topic if allowed else None,
+                    correlation=None if correlation is None else bytes(correlation),
+                    fmt=proto.wire_format(getattr(props, "ContentType", None)),
+                )
+            )
+        except Exception:
+            log.exception("could not answer the dropped message")
 
     # -- publishing (any thread; paho's publish is thread-safe) --------------------------------
     def _send(self, out: Outgoing) -> None:
@@ -300,7 +331,10 @@ class Bridge:
                 props.CorrelationData = out.correlation
         topic = out.topic or f"{self.config.base}/errors"
         # Disconnected: paho keeps QoS 1 messages and sends them after the reconnect.
-        self._client.publish(topic, out.payload, qos=self.config.qos, properties=props)
+        try:
+            self._client.publish(topic, out.payload, qos=self.config.qos, properties=props)
+        except (ValueError, TypeError) as exc:  # paho refuses the topic or the payload size
+            log.error("could not publish a %d-byte reply to %r: %s", len(out.payload), topic, exc)
 
     def _publish_status(self) -> None:
         payload = json.dumps(self.status()).encode()

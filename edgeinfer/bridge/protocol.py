@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import importlib
 import json
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from edgeinfer.bridge import kinds
+from edgeinfer.bridge import kinds, values
 from edgeinfer.bridge.arrays import ENCODINGS, SHORTEST
+from edgeinfer.bridge.values import valid_topic
 
 __all__ = [
     "BAD_REQUEST",
@@ -253,12 +253,8 @@ def decode_reply(payload: bytes, *, fmt: str = "json") -> dict[str, Any]:
     return data
 
 
-def _number(value: Any) -> float | None:
-    """``value`` as a finite float, or ``None`` when it is not a finite number (bools are not)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
+# Deadlines as epoch ms: up to the year 2286 (any later one is a mistake, not a deadline).
+MAX_DEADLINE_MS: Final = 1e13
 
 
 def _deadline(data: Mapping[str, Any], received_ms: float) -> float | str | None:
@@ -266,20 +262,24 @@ def _deadline(data: Mapping[str, Any], received_ms: float) -> float | str | None
     if "deadline_ms" in data and "timeout_ms" in data:
         return "give at most one of 'deadline_ms' and 'timeout_ms'"
     if "deadline_ms" in data:
-        deadline = _number(data["deadline_ms"])
-        return "'deadline_ms' must be a number (epoch ms)" if deadline is None else deadline
+        deadline = values.finite(data["deadline_ms"], low=0.0, high=MAX_DEADLINE_MS)
+        if deadline is None:
+            return f"'deadline_ms' must be a number of epoch ms in [0, {MAX_DEADLINE_MS:.0f}]"
+        return deadline
     if "timeout_ms" in data:
-        timeout = _number(data["timeout_ms"])
-        if timeout is None or timeout <= 0:
-            return "'timeout_ms' must be a positive number"
+        timeout = values.finite(data["timeout_ms"], low=0.0, high=kinds.MAX_TIMEOUT_MS)
+        if not timeout:
+            return (
+                f"'timeout_ms' must be a positive number of ms, at most {kinds.MAX_TIMEOUT_MS:.0f}"
+            )
         return received_ms + timeout
     return None
 
 
 def _envelope(data: Mapping[str, Any]) -> tuple[str, str] | str:
     """(kind, encoding) of a request object, or the reason they are invalid."""
-    version = data.get("v", PROTOCOL_VERSION)
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+    version = values.integer(data.get("v", PROTOCOL_VERSION), low=1)
+    if version is None:
         return "'v' must be a protocol version (an integer >= 1)"
     if version > PROTOCOL_VERSION:
         return (
@@ -294,9 +294,16 @@ def _envelope(data: Mapping[str, Any]) -> tuple[str, str] | str:
             "'cancel'"
         )
     encoding = data.get("encoding", SHORTEST)
-    if encoding not in ENCODINGS:
+    if not isinstance(encoding, str) or encoding not in ENCODINGS:
         return f"'encoding' must be one of {list(ENCODINGS)}"
     return kind, encoding
+
+
+def _refusal(topic: str, policy: Callable[[str], str | None] | None) -> str | None:
+    """Why ``topic`` cannot take a reply (not a topic name, or refused by ``policy``)."""
+    if not valid_topic(topic):
+        return "the reply topic must be a topic name (UTF-8, no '+', '#' or NUL, <= 65535 bytes)"
+    return None if policy is None else policy(topic)
 
 
 def decode_request(
@@ -308,6 +315,7 @@ def decode_request(
     correlation: bytes | None = None,
     max_payload_bytes: int,
     received_ms: float,
+    reply_refusal: Callable[[str], str | None] | None = None,
 ) -> Request | ErrorReply:
     """Decode one request; never raises on bad input.
 
@@ -319,11 +327,17 @@ def decode_request(
         correlation: the v5 CorrelationData property, echoed in the reply.
         max_payload_bytes: larger payloads get ``payload_too_large`` without being parsed.
         received_ms: epoch ms of arrival (``timeout_ms`` counts from here).
+        reply_refusal: why a reply topic may not be used (``BridgeConfig.reply_refusal``), or
+            ``None`` when it may; a refused topic is never published to (the error reply goes
+            to the errors topic). Without it every valid topic name is taken.
 
     Returns:
         a ``Request``, or an ``ErrorReply`` carrying the best-known id and reply topic.
     """
     fmt = wire_format(content_type)
+    refusal = None if response_topic is None else _refusal(response_topic, reply_refusal)
+    if refusal is not None:
+        response_topic = None
     base = ErrorReply(
         BAD_REQUEST, "", model=model, reply_to=response_topic, correlation=correlation, fmt=fmt
     )
@@ -344,13 +358,19 @@ def decode_request(
     if not isinstance(data, dict):
         return fail(BAD_REQUEST, "a request must be an object")
     reply_to = response_topic
-    if reply_to is None and "reply_to" in data:
+    if refusal is None and reply_to is None and "reply_to" in data:
         topic = data["reply_to"]
-        if isinstance(topic, str) and topic and not any(c in topic for c in "+#\0"):
-            reply_to = topic
+        refusal = (
+            _refusal(topic, reply_refusal)
+            if isinstance(topic, str)
+            else "'reply_to' must be a topic name"
+        )
+        reply_to = topic if refusal is None else None
     raw_id = data.get("id")
-    request_id = raw_id if isinstance(raw_id, str) and 0 < len(raw_id) <= MAX_ID_CHARS else None
+    request_id = values.text(raw_id, max_chars=MAX_ID_CHARS)
     known: dict[str, Any] = {"id": request_id, "reply_to": reply_to}
+    if refusal is not None:
+        return fail(BAD_REQUEST, refusal, **known)
     if request_id is None:
         return fail(
             BAD_REQUEST, f"'id' must be a string of 1..{MAX_ID_CHARS} characters", reply_to=reply_to

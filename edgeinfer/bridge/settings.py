@@ -6,6 +6,7 @@ import socket
 from dataclasses import dataclass
 
 from edgeinfer.bridge.connection import Connection
+from edgeinfer.bridge.values import MAX_TOPIC_BYTES, valid_topic
 from edgeinfer.errors import ConfigError
 
 __all__ = ["TOPIC_LEVEL_BAD", "BridgeConfig", "default_client_id"]
@@ -43,6 +44,11 @@ class BridgeConfig:
         max_generate_queue: generations waiting per generate model (one runs at a time).
         max_streams: device streams of stateful models kept at once (least recent dropped).
         stream_idle_s: a stream without a request for this long starts afresh.
+        reply_topics: topic filters a request's reply topic must match (a reply goes where the
+            requester may read, never where only the bridge may write); default
+            ``P/D/reply/#`` and ``P/clients/+/reply`` (``edgeinfer.bridge.Client``'s).
+            Whatever they say, the bridge's own topics (status, deploy, metrics, errors) and
+            request topics (``P/+/+/req``) are refused.
     """
 
     connection: Connection
@@ -59,6 +65,7 @@ class BridgeConfig:
     max_generate_queue: int = 4
     max_streams: int = 256
     stream_idle_s: float = 300.0
+    reply_topics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name, level in (
@@ -74,6 +81,12 @@ class BridgeConfig:
             raise ConfigError("max_payload_bytes must be >= 64")
         if self.metrics_interval_s < 0 or self.stream_idle_s <= 0 or self.max_streams < 1:
             raise ConfigError("need metrics_interval_s >= 0, stream_idle_s > 0, max_streams >= 1")
+        for topic in self.reply_topics:
+            if not _valid_filter(topic):
+                raise ConfigError(
+                    f"reply topic filter {topic!r} is not a valid MQTT topic filter ('+' and '#' "
+                    "only as whole levels, '#' last)"
+                )
 
     @property
     def base(self) -> str:
@@ -95,3 +108,49 @@ class BridgeConfig:
         """Retained online/offline; per client in a shared group (each bridge has its own)."""
         own = f"/{self.connection.client_id}" if self.shared_group else ""
         return f"{self.base}/status{own}"
+
+    @property
+    def reply_filters(self) -> tuple[str, ...]:
+        """The topic filters replies may go to (``reply_topics``, or the defaults)."""
+        prefix = self.topic_prefix
+        return self.reply_topics or (f"{self.base}/reply/#", f"{prefix}/clients/+/reply")
+
+    def reply_refusal(self, topic: str) -> str | None:
+        """Why the bridge will not publish a reply to ``topic``, or ``None`` when it may."""
+        from paho.mqtt.client import topic_matches_sub
+
+        if not valid_topic(topic):
+            return "the reply topic is not a valid MQTT topic name"
+        owned = (f"{self.topic_prefix}/+/+/req", f"{self.base}/+/req/#", *self._own_topics)
+        if topic.startswith("$") or any(topic_matches_sub(f, topic) for f in owned):
+            return f"the reply topic {topic!r} is one of the bridge's own or a request topic"
+        if not any(topic_matches_sub(f, topic) for f in self.reply_filters):
+            return (
+                f"replies go only to topics matching {list(self.reply_filters)} "
+                "(serve --reply-topic adds filters); got "
+                f"{topic!r}"
+            )
+        return None
+
+    @property
+    def _own_topics(self) -> tuple[str, ...]:
+        base = self.base
+        return (
+            f"{base}/status/#",
+            f"{base}/deploy/#",
+            f"{base}/ota/#",
+            f"{base}/metrics/#",
+            f"{base}/errors/#",
+        )
+
+
+def _valid_filter(topic: str) -> bool:
+    levels = topic.split("/")
+    if not topic or "\0" in topic or len(topic.encode("utf-8", "replace")) > MAX_TOPIC_BYTES:
+        return False
+    for i, level in enumerate(levels):
+        if ("+" in level and level != "+") or (
+            "#" in level and (level != "#" or i < len(levels) - 1)
+        ):
+            return False
+    return True

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge.failures import wire_error
 from edgeinfer.bridge.generation import GenerationLane
 from edgeinfer.bridge.replies import (
     DedupStore,
@@ -27,7 +28,7 @@ from edgeinfer.bridge.replies import (
     epoch_ms,
 )
 from edgeinfer.bridge.serving import ModelTable, ServedModel, StreamTable, kind_of, run_request
-from edgeinfer.errors import ConfigError, EdgeInferError, InputError, MissingDependencyError
+from edgeinfer.errors import ConfigError
 from edgeinfer.runtime.metrics import LatencyWindow
 
 __all__ = ["Outgoing", "ServedModel", "Worker", "epoch_ms"]
@@ -194,6 +195,13 @@ class Worker:
         if not claim:
             self._count("duplicate_dropped")
             return
+        try:  # the id is claimed: whatever happens now, release it with one reply
+            self._dispatch(item, model)
+        except Exception as exc:
+            self._fail(item, exc)
+
+    def _dispatch(self, item: proto.Request, model: ServedModel) -> None:
+        """Answer a claimed request now (expired, cached), queue it, or answer ``busy``."""
         if item.deadline_ms is not None and self._clock() >= item.deadline_ms:
             self.dedup.release(item.key, None)
             self._reply_expired(item)
@@ -260,10 +268,8 @@ class Worker:
                 request = self._queue.popleft()
             try:
                 self._serve(request)
-            except Exception:  # a reply must go out whatever happened; the thread must live
-                log.exception("failed to serve request %r", request.id)
-                self.dedup.release(request.key, None)
-                self._reply_request_error(request, proto.INTERNAL, "internal error")
+            except Exception as exc:  # a reply must go out whatever happened; the thread lives
+                self._fail(request, exc)
 
     def _serve(self, request: proto.Request) -> None:
         started = self._clock()
@@ -273,19 +279,13 @@ class Worker:
             return
         model = self.models.get(request.model)  # taken once: the whole answer is this model's
         if model is None:
-            raise EdgeInferError(f"model {request.model!r} is no longer served")
+            self.dedup.release(request.key, None)
+            self._reply_request_error(
+                request, proto.UNKNOWN_MODEL, f"model {request.model!r} is no longer served"
+            )
+            return
         t0 = time.perf_counter()
-        try:
-            outcome = run_request(request.model, model, request, self.streams)
-        except (InputError, MissingDependencyError) as exc:
-            self.dedup.release(request.key, None)
-            self._reply_request_error(request, proto.BAD_REQUEST, str(exc))
-            return
-        except EdgeInferError as exc:
-            log.warning("model %s failed on %r: %s", request.model, request.id, exc)
-            self.dedup.release(request.key, None)
-            self._reply_request_error(request, proto.INTERNAL, f"{exc.code}: {exc}")
-            return
+        outcome = run_request(request.model, model, request, self.streams)
         compute_ms = (time.perf_counter() - t0) * 1e3
         finished = self._clock()
         queue_ms = max(0.0, started - request.received_ms)
@@ -309,6 +309,12 @@ class Worker:
         stored = Stored(head, outcome.body)
         self.dedup.release(request.key, stored)
         self._send_to(request, stored.payload(request.fmt))
+
+    def _fail(self, request: proto.Request, exc: Exception) -> None:
+        """Answer ``request`` with the error ``exc`` maps to; its id may be asked again."""
+        self.dedup.release(request.key, None)
+        code, message = wire_error(exc, request_id=request.id)
+        self._reply_request_error(request, code, message)
 
     def _head(
         self,

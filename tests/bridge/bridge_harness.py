@@ -191,7 +191,7 @@ class PahoPeer:
         from paho.mqtt.client import Client as PahoClient
         from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-        self.topic = f"peer/{name}/reply"
+        self.topic = f"edgeinfer/clients/peer-{name}/reply"  # the reply convention
         self.fmt = fmt
         self.messages: list[tuple[bytes, dict[str, Any]]] = []  # (correlation, message)
         self._cond = threading.Condition()

@@ -62,7 +62,7 @@ class RawPeer:
     """A bare paho v5 client that publishes exactly what it is given and keeps every reply."""
 
     def __init__(self, broker: Mosquitto, name: str) -> None:
-        self.topic = f"raw/{name}/reply"
+        self.topic = f"edgeinfer/clients/raw-{name}/reply"  # the reply convention
         self.replies: list[tuple[dict[str, Any], Any]] = []
         self._cond = threading.Condition()
         self._ready = threading.Event()

@@ -46,7 +46,7 @@ class Device:
     """Plain paho, persistent session, re-sends by the rules above."""
 
     def __init__(self, port: int) -> None:
-        self.topic = "soak/device/reply"
+        self.topic = "edgeinfer/clients/soak-device/reply"  # the reply convention
         self.lock = threading.Lock()
         self.arrivals: defaultdict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
         self.sent: dict[str, tuple[bytes, float, int]] = {}  # id -> payload, last send, sends

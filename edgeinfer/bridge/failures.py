@@ -1,0 +1,33 @@
+"""The one map from an exception raised while serving a request to its wire error.
+
+The worker and the generation lanes both answer through it, so one failure gets one code
+wherever it happens: what the caller can fix (an input the model refuses, a bad sampling
+value, an encoded image without Pillow on the device) is ``bad_request`` with the reason;
+anything else is ``internal``, with edgeinfer's own error code when it is one of ours, and
+logged with its traceback when it is not (a bug to report).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from edgeinfer.bridge import protocol as proto
+from edgeinfer.errors import ConfigError, EdgeInferError, InputError, MissingDependencyError
+
+__all__ = ["wire_error"]
+
+log = logging.getLogger(__name__)
+
+# Errors in what the request asked for: the caller can change the request and succeed.
+_CALLER_ERRORS = (InputError, ConfigError, MissingDependencyError)
+
+
+def wire_error(exc: Exception, *, request_id: str) -> tuple[str, str]:
+    """(code, message) of the error reply for ``exc``, raised serving ``request_id``."""
+    if isinstance(exc, _CALLER_ERRORS):
+        return proto.BAD_REQUEST, str(exc)
+    if isinstance(exc, EdgeInferError):
+        log.warning("request %r failed: %s: %s", request_id, exc.code, exc)
+        return proto.INTERNAL, f"{exc.code}: {exc}"
+    log.error("request %r failed unexpectedly", request_id, exc_info=exc)
+    return proto.INTERNAL, "internal error (the bridge's log has the traceback)"
