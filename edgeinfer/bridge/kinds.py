@@ -244,7 +244,10 @@ def _generate(data: Mapping[str, Any]) -> GenerateInput | str:
     first = data.get("first_token_timeout_ms")
     first_ms = None if first is None else values.finite(first, low=0.0, high=MAX_TIMEOUT_MS)
     if first is not None and not first_ms:
-        return f"'first_token_timeout_ms' must be a positive number of ms, at most {MAX_TIMEOUT_MS:.0f}"
+        return (
+            "'first_token_timeout_ms' must be a positive number of ms, "
+            f"at most {MAX_TIMEOUT_MS:.0f}"
+        )
     return GenerateInput(
         prompt=prompt,
         max_new_tokens=max_new,

@@ -133,7 +133,9 @@ class Bridge:
         self.worker.start()
         if self.deployer is not None:
             self.deployer.start()
-        connect_async(self._client, self.config.connection)
+        # Deploy chunks are larger than requests: with deploys on, the deployer checks sizes.
+        limit = None if self.deployer is not None else self.config.max_packet_bytes
+        connect_async(self._client, self.config.connection, max_packet_bytes=limit)
         self._client.loop_start()
         if self.config.metrics_interval_s > 0:
             self._metrics.start()

@@ -12,6 +12,9 @@ from edgeinfer.errors import ConfigError
 __all__ = ["TOPIC_LEVEL_BAD", "BridgeConfig", "default_client_id"]
 
 TOPIC_LEVEL_BAD = frozenset("/+#\0")
+# A packet's bytes beyond its payload: fixed header, topic, ResponseTopic, CorrelationData and
+# ContentType of a request fit with a wide margin (each is a few hundred bytes in practice).
+_PACKET_HEADROOM = 64 * 1024
 
 
 def default_client_id(device_id: str, shared_group: str | None = None) -> str:
@@ -89,6 +92,12 @@ class BridgeConfig:
                 )
 
     @property
+    def max_packet_bytes(self) -> int:
+        """The largest MQTT packet the bridge takes: a request of ``max_payload_bytes`` with
+        room for its topic and properties (the broker drops larger ones unsent, MQTT v5)."""
+        return self.max_payload_bytes + _PACKET_HEADROOM
+
+    @property
     def base(self) -> str:
         """``PREFIX/DEVICE``."""
         return f"{self.topic_prefix}/{self.device_id}"
@@ -126,9 +135,8 @@ class BridgeConfig:
             return f"the reply topic {topic!r} is one of the bridge's own or a request topic"
         if not any(topic_matches_sub(f, topic) for f in self.reply_filters):
             return (
-                f"replies go only to topics matching {list(self.reply_filters)} "
-                "(serve --reply-topic adds filters); got "
-                f"{topic!r}"
+                f"the reply topic {topic!r} matches none of {list(self.reply_filters)}: reply "
+                "there, or add a filter with `edgeinfer serve --reply-topic`"
             )
         return None
 

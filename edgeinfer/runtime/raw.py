@@ -99,6 +99,7 @@ class RawBackend(Backend):
                 if array.dtype.kind != np.dtype(_DTYPES[want]).kind:
                     raise InputError(f"input {name} takes {want}, got {array.dtype}")
                 array = array.astype(_DTYPES[want])
+            _check_shape(name, array, known[name].shape)
             arrays[name] = array
         missing = sorted(set(known) - set(arrays) - set(self._state_inputs))
         if missing:
@@ -141,3 +142,19 @@ class RawBackend(Backend):
         """How many streams are kept now."""
         with self._lock:
             return len(self._streams)
+
+
+def _check_shape(name: str, array: np.ndarray, want: tuple[str | int, ...]) -> None:
+    """Refuse an array whose rank or fixed dimensions differ from the graph's input, naming
+    both (onnxruntime would fail with a message about its own internals)."""
+    fits = array.ndim == len(want) and all(
+        not isinstance(dim, int) or dim < 0 or dim == size
+        for dim, size in zip(want, array.shape, strict=True)
+    )
+    if array.size == 0:
+        raise InputError(f"input {name} is empty (shape {list(array.shape)})")
+    if not fits:
+        shape = [dim if isinstance(dim, int) else str(dim) for dim in want]
+        raise InputError(
+            f"input {name} takes shape {shape} (named dimensions are free), got {list(array.shape)}"
+        )

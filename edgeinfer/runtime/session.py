@@ -12,6 +12,7 @@ import numpy as np
 from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import InferenceError, PackageError
 from edgeinfer.providers import with_options
+from edgeinfer.runtime import memory
 
 __all__ = ["GraphSession", "session_options"]
 
@@ -66,14 +67,26 @@ class GraphSession:
         self.input_names = [i.name for i in self._session.get_inputs()]
         self.output_names = [o.name for o in self._session.get_outputs()]
         self.providers: list[str] = list(self._session.get_providers())
+        self._shrink = ort.RunOptions()
+        self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """Run the graph on ``feeds`` (only the inputs it takes) and return all outputs."""
+    def run(
+        self, feeds: Mapping[str, np.ndarray], *, shrink_arena: bool = False
+    ) -> list[np.ndarray]:
+        """Run the graph on ``feeds`` (only the inputs it takes) and return all outputs;
+        ``shrink_arena`` hands the CPU arena's growth of this run back to the system."""
         try:
-            return list(
-                self._session.run(self.output_names, {k: feeds[k] for k in self.input_names})
+            outputs = list(
+                self._session.run(
+                    self.output_names,
+                    {k: feeds[k] for k in self.input_names},
+                    self._shrink if shrink_arena else None,
+                )
             )
         except KeyError as exc:
             raise InferenceError(f"graph input {exc} was not provided") from exc
         except Exception as exc:  # ORT raises its own pybind classes, not a public hierarchy
             raise InferenceError(f"onnxruntime failed to run the graph: {exc}") from exc
+        if shrink_arena:
+            memory.release_heap()  # what the arena gave back to malloc, back to the kernel
+        return outputs
