@@ -80,6 +80,13 @@ def serve(
     max_generate_queue: Annotated[
         int, typer.Option(help="generations waiting per generate model; more get 'busy'")
     ] = 4,
+    reply_topic: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="topic filter replies may go to (repeatable; default P/D/reply/# and "
+            "P/clients/+/reply); the bridge's own and request topics are always refused"
+        ),
+    ] = None,
     deploy_dir: Annotated[
         Path | None,
         typer.Option(help="take signed packages over MQTT (edgeinfer deploy); kept here"),
@@ -116,6 +123,7 @@ def serve(
         metrics_interval_s=metrics_interval_s,
         reply_cache_bytes=(reply_cache_mb if reply_cache_mb is not None else 64 * cache) << 20,
         max_generate_queue=max_generate_queue,
+        reply_topics=tuple(reply_topic or ()),
     )
     names = [p.resolve().name for p in packages]
     if len(set(names)) != len(names):

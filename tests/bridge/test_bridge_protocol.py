@@ -151,3 +151,34 @@ def test_broker_urls_and_connection_checks() -> None:
     with pytest.raises(ConfigError):
         Connection(client_id="x", password="p")
     assert "p4ss" not in repr(Connection(client_id="x", username="u", password="p4ss"))
+
+
+def test_reply_topics_are_limited_to_the_reply_filters() -> None:
+    from edgeinfer.bridge import BridgeConfig
+
+    default = BridgeConfig(connection=Connection(client_id="b"), device_id="d")
+    allowed = ["edgeinfer/d/reply/valve-7", "edgeinfer/clients/valve-7/reply"]
+    refused = [
+        "edgeinfer/d/status",  # the bridge's own topics
+        "edgeinfer/d/deploy/req",
+        "edgeinfer/d/metrics",
+        "edgeinfer/d/errors",
+        "edgeinfer/d2/minilm/req",  # another device's requests
+        "edgeinfer/d/minilm/req",
+        "$SYS/broker/x",
+        "factory/valve-7",  # outside the filters
+        "edgeinfer/d/reply/+",  # not a topic name
+        "",
+    ]
+    assert [default.reply_refusal(t) for t in allowed] == [None, None]
+    assert all(default.reply_refusal(t) for t in refused)
+    custom = BridgeConfig(
+        connection=Connection(client_id="b"), device_id="d", reply_topics=("plant/+/answers", "#")
+    )
+    assert custom.reply_refusal("plant/line-3/answers") is None
+    assert custom.reply_refusal("anything/else") is None  # '#' allows any topic ...
+    assert custom.reply_refusal("edgeinfer/d/status") is not None  # ... but the bridge's own
+    assert custom.reply_refusal("edgeinfer/d9/m/req") is not None  # and request topics
+    for bad in ("a/#/b", "a/b+", ""):
+        with pytest.raises(ConfigError, match="topic filter"):
+            BridgeConfig(connection=Connection(client_id="b"), device_id="d", reply_topics=(bad,))
