@@ -44,7 +44,8 @@ class RuntimeConfig:
             for the cores (4-5x slower), so turn it off when serving more than one model.
         warmup_runs: runs at load so the first request does not pay allocation and kernel
             selection; 2 because the second run still allocates on some providers.
-        verify: check every package file's sha256 before onnxruntime reads it.
+        verify: check every package file's sha256 before onnxruntime reads it (links and
+            unlisted files are refused either way: ``Manifest.check_layout``).
         profile_dir: onnxruntime's profiler on: every session writes its per-op events into
             this folder when it is freed (``edgeinfer profile``; slows every run a little).
     """

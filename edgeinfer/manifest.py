@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -20,7 +21,10 @@ from edgeinfer.package_io import PackageIO, io_from_dict, io_to_dict
 __all__ = [
     "ENGINE_CACHE_DIR_KEY",
     "MANIFEST_NAME",
+    "MAX_MANIFEST_BYTES",
+    "MAX_MANIFEST_DEPTH",
     "SCHEMA_VERSION",
+    "SIGNATURE_NAME",
     "FileEntry",
     "Manifest",
     "Task",
@@ -32,8 +36,21 @@ __all__ = [
 # 2: ``io`` is typed by ``io.kind``; 1 is still read (``_upgrade_v1``).
 SCHEMA_VERSION = 2
 MANIFEST_NAME = "manifest.json"
+# The signature ``edgeinfer sign`` writes next to the manifest (bridge/signing.py reads it).
+SIGNATURE_NAME = "manifest.sig"
+# A manifest is read before anything in it is trusted: its size is bounded before it is
+# parsed, its nesting as it is. 1 MiB: the largest edgeinfer writes is ~32 KB (an image
+# classifier's: 1000 labels and its smoke outputs): 30x room for bigger ones, and 1 MiB
+# parses in ~5 ms on an x86 server core, where 50 MB takes over a second and ~4x its size
+# in memory.
+MAX_MANIFEST_BYTES = 1 << 20
+# The deepest edgeinfer writes nests 7 levels (a raw package's smoke cases: smoke -> cases ->
+# case -> outputs -> tensor -> shape); 32 leaves room for new fields, far below the depth at
+# which Python's own recursion (``asdict``, ``json.dumps``) would fail.
+MAX_MANIFEST_DEPTH = 32
 # manifest ``extra`` key: the TensorRT engine cache folder, relative to the package.
 ENGINE_CACHE_DIR_KEY = "engine_cache_dir"
+DEFAULT_ENGINE_CACHE_DIR = "trt_engines"
 Task = Literal["embed", "classify", "generate", "raw"]
 TASKS: tuple[str, ...] = ("embed", "classify", "generate", "raw")
 _CHUNK_BYTES = 1 << 20
@@ -141,7 +158,7 @@ class Manifest:
         """Where TensorRT keeps this package's built engines: ``extra["engine_cache_dir"]``
         (relative to ``package``), default ``trt_engines/`` inside the package. Engines are
         specific to one graph, GPU and TensorRT version, so they live with the package."""
-        return package / str(self.extra.get(ENGINE_CACHE_DIR_KEY, "trt_engines"))
+        return package / str(self.extra.get(ENGINE_CACHE_DIR_KEY, DEFAULT_ENGINE_CACHE_DIR))
 
     @property
     def digest(self) -> str:
@@ -163,49 +180,124 @@ class Manifest:
             )
         if data.get("task") not in TASKS:
             raise ManifestError(f"manifest task {data.get('task')!r} is not one of {TASKS}")
-        listed = data["files"] if isinstance(data.get("files"), dict) else {}
-        for name in [*listed, *_named_files(data.get("io"), data.get("early_exit"))]:
+        listed = data.get("files")
+        if not isinstance(listed, dict):
+            raise ManifestError("manifest is malformed: it has no 'files' object; re-export it")
+        for name in listed:
             check_member_name(name)
+        for name in _named_files(data.get("io"), data.get("early_exit")):
+            if check_member_name(name) not in listed:
+                raise ManifestError(
+                    f"the manifest names {name} but its files do not list it, so nothing "
+                    "would check what it holds; re-export the package"
+                )
+        _check_engine_dir(data.get("extra"), listed)
         try:
             files = {
                 str(name): FileEntry(sha256=str(e["sha256"]), bytes=int(e["bytes"]))
-                for name, e in data["files"].items()
+                for name, e in listed.items()
             }
             return cls(**{**data, "files": files, "io": io_from_dict(data.get("io"))})
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise ManifestError(f"manifest is malformed: {exc}") from exc
 
     @classmethod
+    def parse(cls, raw: bytes, *, source: str = MANIFEST_NAME) -> Manifest:
+        """Parse the bytes of a ``manifest.json`` (``source`` names them in errors): at most
+        ``MAX_MANIFEST_BYTES``, refused before parsing when larger, and at most
+        ``MAX_MANIFEST_DEPTH`` levels deep; every failure is a ``ManifestError``."""
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise ManifestError(
+                f"{source} has more than {MAX_MANIFEST_BYTES} bytes, far more than any "
+                "manifest edgeinfer writes: the package is not one of ours; re-export it"
+            )
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except RecursionError as exc:  # the C decoder's own guard against deep nesting
+            raise ManifestError(
+                f"{source} nests deeper than {MAX_MANIFEST_DEPTH} levels; re-export the package"
+            ) from exc
+        except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+            raise ManifestError(f"{source} is not valid JSON: {exc}") from exc
+        if _depth_over(data, MAX_MANIFEST_DEPTH):
+            raise ManifestError(
+                f"{source} nests deeper than {MAX_MANIFEST_DEPTH} levels; re-export the package"
+            )
+        if not isinstance(data, dict):
+            raise ManifestError(f"{source} must hold a JSON object")
+        return cls.from_dict(data)
+
+    @classmethod
     def read(cls, folder: Path) -> Manifest:
-        """Read and parse ``folder/manifest.json``."""
+        """Read and parse ``folder/manifest.json`` (see ``parse``); a link is refused."""
         path = Path(folder) / MANIFEST_NAME
+        if path.is_symlink():
+            raise IntegrityError(_link_message(MANIFEST_NAME, folder))
         if not path.is_file():
             hint = "the folder does not exist" if not Path(folder).exists() else "no manifest.json"
             raise ManifestError(
                 f"{folder} is not an edgeinfer package ({hint}); create one with `edgeinfer export`"
             )
         try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ManifestError(f"{path} is not valid JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ManifestError(f"{path} must hold a JSON object")
-        return cls.from_dict(data)
+            with path.open("rb") as f:
+                raw = f.read(MAX_MANIFEST_BYTES + 1)  # one byte more tells "too big" apart
+        except OSError as exc:
+            raise ManifestError(f"cannot read {path}: {exc}") from exc
+        return cls.parse(raw, source=str(path))
+
+    def check_layout(self, folder: Path) -> None:
+        """Refuse a package folder that holds anything but its listed files, without hashing
+        them (``load(verify=False)`` runs this too): a symbolic link anywhere in it, a file
+        the manifest does not list, a listed file that is missing or not a plain file.
+
+        Allowed besides the listed files: ``manifest.json``, ``manifest.sig`` and the
+        TensorRT engine cache (``engine_cache_dir``), which the runtime itself writes.
+        Why refuse unlisted files instead of hiding them from onnxruntime: the runtime does
+        not parse graphs (onnx is export-only), so it cannot tell which files a graph reads,
+        and onnxruntime opens a graph's external data by the name the graph gives, from the
+        graph's folder (1.32 refuses names and links that leave that folder). A folder that
+        holds exactly the listed files leaves it nothing unhashed to open. Copying the listed
+        files to a private folder instead would cost the package's size on every load and
+        lose the memory mapping of aligned weights.
+        """
+        root = Path(folder).resolve()  # the folder itself may be a link ("current" -> v3)
+        engines = self.extra.get(ENGINE_CACHE_DIR_KEY, DEFAULT_ENGINE_CACHE_DIR)
+        seen: set[str] = set()
+        pending = [root]
+        while pending:
+            directory = pending.pop()
+            try:
+                entries = sorted(os.scandir(directory), key=lambda e: e.name)
+            except OSError as exc:
+                raise PackageError(f"cannot list {directory}: {exc}") from exc
+            for entry in entries:
+                name = Path(entry.path).relative_to(root).as_posix()
+                if entry.is_symlink():
+                    raise IntegrityError(_link_message(name, folder))
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+                elif not entry.is_file(follow_symlinks=False):
+                    raise IntegrityError(
+                        f"package entry {name} in {folder} is not a plain file (a device, "
+                        "pipe or socket); the package is unsafe: remove it or re-export"
+                    )
+                elif name in self.files:
+                    seen.add(name)
+                elif name not in (MANIFEST_NAME, SIGNATURE_NAME) and not _under(name, engines):
+                    raise IntegrityError(
+                        f"{folder} holds {name}, which its manifest does not list: nothing "
+                        "checks an unlisted file, yet a graph may read it (as its external "
+                        "weights); the package is unsafe: remove the file or re-export"
+                    )
+        for name in sorted(set(self.files) - seen):
+            raise IntegrityError(f"package file {name} is missing from {folder}; re-export it")
 
     def verify(self, folder: Path) -> None:
-        """Check every listed file's size and sha256; raise ``IntegrityError`` on the first
-        difference, before any of them is parsed. A listed file that resolves outside the
-        folder (through a symlink) is refused too."""
-        root = Path(folder).resolve()
+        """Check the folder's layout (``check_layout``), then every listed file's size and
+        sha256; raise ``IntegrityError`` on the first difference, before any file is parsed."""
+        self.check_layout(folder)
         for name, entry in sorted(self.files.items()):
             path = Path(folder) / name
-            if not path.resolve().is_relative_to(root):
-                raise IntegrityError(
-                    f"package file {name} resolves outside {folder} (a symlink): the package "
-                    "is unsafe; re-export or re-copy it without links"
-                )
-            if not path.is_file():
-                raise IntegrityError(f"package file {name} is missing from {folder}; re-export it")
             size = path.stat().st_size
             if size != entry.bytes:
                 raise IntegrityError(
@@ -217,6 +309,47 @@ class Manifest:
                     f"package file {name} does not match its sha256 in the manifest: "
                     "the package is damaged or was modified; re-export or re-copy it"
                 )
+
+
+def _link_message(name: str, folder: Path) -> str:
+    return (
+        f"package entry {name} in {folder} is a symbolic link: a package holds plain files "
+        "only (a link may lead outside it); the package is unsafe: copy it without links "
+        "(cp -rL) or re-export it"
+    )
+
+
+def _under(name: str, folder: object) -> bool:
+    """Whether package file ``name`` lies in the package folder ``folder``."""
+    return isinstance(folder, str) and name.startswith(folder.rstrip("/") + "/")
+
+
+def _check_engine_dir(extra: object, listed: dict[str, Any]) -> None:
+    """The engine cache folder is a plain relative folder that holds no listed file: its
+    unlisted files are allowed (TensorRT writes them), so it must not cover package files."""
+    folder = extra.get(ENGINE_CACHE_DIR_KEY) if isinstance(extra, dict) else None
+    if folder is not None:
+        check_member_name(folder)
+    folder = DEFAULT_ENGINE_CACHE_DIR if folder is None else folder
+    inside = [name for name in listed if name == folder or _under(name, folder)]
+    if inside:
+        raise ManifestError(
+            f"the manifest's engine cache folder {folder!r} holds package files {inside}; "
+            "engines and package files must live apart: re-export the package"
+        )
+
+
+def _depth_over(data: object, limit: int) -> bool:
+    """Whether JSON ``data`` nests more than ``limit`` lists/objects deep (no recursion)."""
+    pending: list[tuple[object, int]] = [(data, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, (dict, list)):
+            if depth > limit:
+                return True
+            children = value.values() if isinstance(value, dict) else value
+            pending.extend((child, depth + 1) for child in children)
+    return False
 
 
 def file_entries(folder: Path, names: list[str]) -> dict[str, FileEntry]:

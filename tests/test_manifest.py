@@ -1,10 +1,11 @@
 """The package contract: manifest round trip, schema checks (schema 1 upgraded), typed io per
-kind, checksum verification."""
+kind, checksum verification, and bounds on what a manifest may be (size, nesting, values)."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,13 @@ import pytest
 
 import edgeinfer
 from edgeinfer.errors import IntegrityError, ManifestError, PackageError
-from edgeinfer.manifest import MANIFEST_NAME, SCHEMA_VERSION, Manifest
+from edgeinfer.manifest import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    MAX_MANIFEST_DEPTH,
+    SCHEMA_VERSION,
+    Manifest,
+)
 from edgeinfer.package_io import DecoderIO, TextEncoderIO
 
 
@@ -84,6 +91,65 @@ def test_other_schema_versions_and_bad_json_are_refused(package_copy: Path) -> N
         Manifest.read(package_copy)
     with pytest.raises(ManifestError, match="does not exist"):
         Manifest.read(package_copy / "nowhere")
+
+
+@pytest.mark.parametrize("opening, closing", [('{"a": ', "}"), ("[", "]")])
+def test_a_manifest_nested_100k_levels_is_a_manifest_error(
+    tmp_path: Path, opening: str, closing: str
+) -> None:
+    levels = 100_000
+    (tmp_path / MANIFEST_NAME).write_text(opening * levels + "1" + closing * levels)
+    with pytest.raises(ManifestError, match=f"deeper than {MAX_MANIFEST_DEPTH} levels"):
+        Manifest.read(tmp_path)
+
+
+def test_nesting_past_the_bound_is_refused_below_pythons_recursion(package_copy: Path) -> None:
+    path = package_copy / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    deep: Any = 1
+    for _ in range(MAX_MANIFEST_DEPTH):  # with the manifest object itself: one level too many
+        deep = {"a": deep}
+    path.write_text(json.dumps({**data, "extra": deep}))
+    with pytest.raises(ManifestError, match="deeper than"):
+        Manifest.read(package_copy)
+
+
+def test_a_50_mb_manifest_is_refused_before_parsing(tmp_path: Path) -> None:
+    path = tmp_path / MANIFEST_NAME
+    with path.open("wb") as f:
+        f.write(b"{not json at all")  # were it parsed, the error would say "not valid JSON"
+        f.truncate(50 * 10**6)
+    with pytest.raises(ManifestError, match=f"more than {MAX_MANIFEST_BYTES} bytes"):
+        Manifest.read(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda d: d["files"]["model.onnx"].update(bytes=float("inf")),  # int(inf) overflows
+        lambda d: d["files"]["model.onnx"].update(bytes="many"),
+        lambda d: d.update(files=[]),
+        lambda d: d.update(io="text"),
+        lambda d: d.update(unknown_field=1),
+    ],
+)
+def test_malformed_values_are_manifest_errors(
+    package_copy: Path, change: Callable[[dict[str, Any]], None]
+) -> None:
+    path = package_copy / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+    with pytest.raises(ManifestError):
+        Manifest.read(package_copy)
+
+
+def test_a_linked_manifest_is_refused(package_copy: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere.json"
+    shutil.move(package_copy / MANIFEST_NAME, outside)
+    (package_copy / MANIFEST_NAME).symlink_to(outside)
+    with pytest.raises(IntegrityError, match="symbolic link"):
+        Manifest.read(package_copy)
 
 
 def _as_schema_1(data: dict[str, Any]) -> dict[str, Any]:

@@ -20,13 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer.bridge import protocol as proto
-from edgeinfer.bridge.connection import Connection, connect_async, new_paho_client
-from edgeinfer.errors import (
-    BrokerAuthError,
-    BrokerUnavailableError,
-    ConfigError,
-    RequestTimeoutError,
-)
+from edgeinfer.bridge.connection import Connection, Handshake, connect_async, new_paho_client
+from edgeinfer.errors import BridgeError, ConfigError, RequestTimeoutError
 
 if TYPE_CHECKING:
     from paho.mqtt.client import Client as PahoClient
@@ -91,8 +86,7 @@ class Client:
         self._lock = threading.Condition()
         self._ids = itertools.count()
         self._prefix = f"{os.getpid():x}-{uuid.uuid4().hex[:8]}"
-        self._subscribed = threading.Event()
-        self._refused: str | None = None
+        self._handshake = Handshake(connection)
         self._closed = False
         self._client: PahoClient = new_paho_client(connection)
         self._client.max_inflight_messages_set(1000)
@@ -116,16 +110,11 @@ class Client:
         connect_async(self._client, self.connection)
         self._client.loop_start()
         self._resender.start()
-        give_up = time.monotonic() + timeout_s
-        while not self._subscribed.wait(0.05):
-            if self._refused is not None:
-                self.close()
-                raise BrokerAuthError(f"the broker refused the connection: {self._refused}")
-            if time.monotonic() >= give_up:
-                self.close()
-                raise BrokerUnavailableError(
-                    f"not connected to {self.connection.broker} in {timeout_s} s"
-                )
+        try:
+            self._handshake.wait(timeout_s=timeout_s)
+        except BridgeError:
+            self.close()
+            raise
         return self
 
     def close(self) -> None:
@@ -335,9 +324,8 @@ class Client:
         reason: ReasonCode,
         properties: Properties | None,
     ) -> None:
-        if reason.is_failure:
-            self._refused = str(reason)
-            client.disconnect()
+        if not self._handshake.connected(reason):
+            client.disconnect()  # stop paho retrying a login the broker refused
             return
         client.subscribe(self.reply_topic, qos=self.qos)
 
@@ -349,10 +337,7 @@ class Client:
         reasons: list[ReasonCode],
         properties: Properties | None,
     ) -> None:
-        if any(r.is_failure for r in reasons):
-            self._refused = f"reply subscription refused: {reasons}"
-            return
-        self._subscribed.set()
+        self._handshake.subscribed(reasons)
 
     def _on_message(self, client: PahoClient, userdata: Any, message: MQTTMessage) -> None:
         props = getattr(message, "properties", None)

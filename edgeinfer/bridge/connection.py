@@ -9,17 +9,31 @@ start off, a session expiry) so QoS 1 messages survive a disconnect, and TCP_NOD
 from __future__ import annotations
 
 import socket
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from edgeinfer.errors import ConfigError, MissingDependencyError
+from edgeinfer.errors import (
+    BrokerAuthError,
+    BrokerUnavailableError,
+    ConfigError,
+    MissingDependencyError,
+)
 
 if TYPE_CHECKING:
     from paho.mqtt.client import Client as PahoClient
+    from paho.mqtt.reasoncodes import ReasonCode
 
-__all__ = ["PROTOCOLS", "Connection", "connect_async", "new_paho_client", "parse_broker_url"]
+__all__ = [
+    "PROTOCOLS",
+    "Connection",
+    "Handshake",
+    "connect_async",
+    "new_paho_client",
+    "parse_broker_url",
+]
 
 _SCHEMES = {"mqtt": (1883, False), "tcp": (1883, False), "mqtts": (8883, True), "ssl": (8883, True)}
 PROTOCOLS = ("5", "3.1.1")
@@ -32,7 +46,8 @@ def parse_broker_url(url: str) -> tuple[str, int, bool]:
         raise ConfigError(f"broker must be mqtt://HOST:PORT or mqtts://HOST:PORT, got {url!r}")
     if parts.username is not None or parts.password is not None:  # URLs end up in logs
         raise ConfigError(
-            "put credentials in --username/--password (or the environment), not in the broker URL"
+            "put credentials in --username and --password-file (or the environment), not in "
+            "the broker URL"
         )
     default_port, tls = _SCHEMES[parts.scheme]
     try:
@@ -161,3 +176,47 @@ def connect_async(
         )
     else:
         client.connect_async(host, port, keepalive=conn.keepalive_s)
+
+
+class Handshake:
+    """A client's first connect and subscribe, as paho's callbacks report them.
+
+    paho retries a refused login in the background until it is stopped, so a wrong or
+    missing password would otherwise look like a broker that never answers. ``wait`` tells
+    them apart: a refused connection or subscription is a ``BrokerAuthError`` as soon as the
+    broker says so, no answer at all a ``BrokerUnavailableError`` after the timeout.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self.broker = conn.broker
+        self.refused: str | None = None
+        self._done = threading.Event()
+
+    def connected(self, reason: ReasonCode) -> bool:
+        """From ``on_connect``: record a refusal; whether the client may go on and subscribe."""
+        if reason.is_failure:
+            self.refused = f"the connection: {reason}"
+            self._done.set()
+        return not reason.is_failure
+
+    def subscribed(self, reasons: list[ReasonCode]) -> None:
+        """From ``on_subscribe``: the handshake is over (refused if any topic was)."""
+        failed = [str(r) for r in reasons if r.is_failure]
+        if failed:
+            self.refused = f"the subscription: {', '.join(failed)}"
+        self._done.set()
+
+    def wait(self, *, timeout_s: float) -> None:
+        """Return once subscribed.
+
+        Raises:
+            BrokerAuthError: the broker refused the login or the subscription.
+            BrokerUnavailableError: no answer within ``timeout_s`` (down, unreachable, TLS).
+        """
+        if not self._done.wait(timeout_s):
+            raise BrokerUnavailableError(f"not connected to {self.broker} in {timeout_s} s")
+        if self.refused is not None:
+            raise BrokerAuthError(
+                f"the broker at {self.broker} refused {self.refused}; check the user name "
+                "and password"
+            )

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer.bridge import protocol as proto
-from edgeinfer.bridge.connection import Connection, connect_async, new_paho_client
+from edgeinfer.bridge.connection import Connection, Handshake, connect_async, new_paho_client
 from edgeinfer.bridge.signing import read_signature
 from edgeinfer.bridge.staging import DEFAULT_CHUNK_BYTES, chunk_plan
-from edgeinfer.errors import BrokerUnavailableError, ConfigError, RequestTimeoutError
+from edgeinfer.errors import BridgeError, ConfigError, RequestTimeoutError
 from edgeinfer.manifest import MANIFEST_NAME, Manifest
 
 if TYPE_CHECKING:
@@ -58,19 +58,23 @@ class _Link:
         self.req, self.status_topic = f"{base}/deploy/req", f"{base}/deploy/status"
         self.nonce = nonce
         self.statuses: queue.Queue[dict[str, Any]] = queue.Queue()
-        self._subscribed = queue.Queue[bool]()
+        self._handshake = Handshake(connection)
         self.client: PahoClient = new_paho_client(connection)
         self.client.max_inflight_messages_set(16)
-        self.client.on_connect = lambda c, *a: c.subscribe(self.status_topic, qos=1)
-        self.client.on_subscribe = lambda *a: self._subscribed.put(True)
+        self.client.on_connect = self._on_connect
+        self.client.on_subscribe = lambda c, u, mid, reasons, p: self._handshake.subscribed(reasons)
         self.client.on_message = self._on_message
         connect_async(self.client, connection)
         self.client.loop_start()
         try:
-            self._subscribed.get(timeout=timeout_s)
-        except queue.Empty as exc:
+            self._handshake.wait(timeout_s=timeout_s)  # a refused login: BrokerAuthError at once
+        except BridgeError:
             self.close()
-            raise BrokerUnavailableError(f"not connected to {connection.broker}") from exc
+            raise
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        if self._handshake.connected(reason):
+            client.subscribe(self.status_topic, qos=1)
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
         try:
@@ -130,6 +134,7 @@ def deploy_package(
 
     Raises:
         ConfigError: the package is not signed, or does not verify here already.
+        BrokerAuthError: the broker refused the login (user name, password).
         BrokerUnavailableError, RequestTimeoutError: no broker, or no final status in time.
     """
     package = Path(package)

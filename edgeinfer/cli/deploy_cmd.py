@@ -16,25 +16,33 @@ from typing import Annotated, Any
 
 import typer
 
-from edgeinfer.cli.common import EXIT_CHECK_FAILED, console, print_json
+from edgeinfer.cli.common import (
+    EXIT_CHECK_FAILED,
+    MqttPassword,
+    MqttPasswordFile,
+    MqttUsername,
+    broker_password,
+    console,
+    print_json,
+)
 
 __all__ = ["deploy", "rollback"]
 
 Broker = Annotated[str, typer.Option(help="mqtt://HOST:PORT, or mqtts://HOST:PORT for TLS")]
 Device = Annotated[str, typer.Option(help="the device's topic level (its bridge's --device-id)")]
 Prefix = Annotated[str, typer.Option(help="first topic level")]
-User = Annotated[str | None, typer.Option(envvar="EDGEINFER_MQTT_USERNAME", help="broker user")]
-Password = Annotated[
-    str | None,
-    typer.Option(envvar="EDGEINFER_MQTT_PASSWORD", show_default=False, help="broker password"),
-]
 TlsCa = Annotated[Path | None, typer.Option(help="CA file that signed the broker")]
 Timeout = Annotated[float, typer.Option(help="seconds to wait for the device's final answer")]
 JsonOut = Annotated[bool, typer.Option("--json", help="print the device's status as JSON")]
 
 
 def _connection(
-    broker: str, device_id: str, username: str | None, password: str | None, tls_ca: Path | None
+    broker: str,
+    device_id: str,
+    username: str | None,
+    password: str | None,
+    password_file: Path | None,
+    tls_ca: Path | None,
 ) -> Any:
     from edgeinfer.bridge import Connection
 
@@ -44,7 +52,7 @@ def _connection(
         broker=broker,
         client_id=client_id,
         username=username,
-        password=password,
+        password=broker_password(password=password, password_file=password_file),
         tls_ca=tls_ca,
         session_expiry_s=600,
     )
@@ -79,8 +87,9 @@ def deploy(
     ] = None,
     topic_prefix: Prefix = "edgeinfer",
     chunk_kib: Annotated[int, typer.Option(help="chunk size in KiB")] = 256,
-    username: User = None,
-    password: Password = None,
+    username: MqttUsername = None,
+    password: MqttPassword = None,
+    password_file: MqttPasswordFile = None,
     tls_ca: TlsCa = None,
     timeout_s: Timeout = 600.0,
     json_out: JsonOut = False,
@@ -90,7 +99,7 @@ def deploy(
 
     outcome = deploy_package(
         package,
-        connection=_connection(broker, device_id, username, password, tls_ca),
+        connection=_connection(broker, device_id, username, password, password_file, tls_ca),
         device_id=device_id,
         topic_prefix=topic_prefix,
         name=as_name,
@@ -105,8 +114,9 @@ def rollback(
     device_id: Device,
     broker: Broker = "mqtt://127.0.0.1:1883",
     topic_prefix: Prefix = "edgeinfer",
-    username: User = None,
-    password: Password = None,
+    username: MqttUsername = None,
+    password: MqttPassword = None,
+    password_file: MqttPasswordFile = None,
     tls_ca: TlsCa = None,
     timeout_s: Timeout = 300.0,
     json_out: JsonOut = False,
@@ -116,7 +126,7 @@ def rollback(
 
     outcome = rollback_package(
         name,
-        connection=_connection(broker, device_id, username, password, tls_ca),
+        connection=_connection(broker, device_id, username, password, password_file, tls_ca),
         device_id=device_id,
         topic_prefix=topic_prefix,
         timeout_s=timeout_s,

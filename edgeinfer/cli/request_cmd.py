@@ -17,7 +17,15 @@ from typing import Annotated, Any
 
 import typer
 
-from edgeinfer.cli.common import EXIT_CHECK_FAILED, console, print_json
+from edgeinfer.cli.common import (
+    EXIT_CHECK_FAILED,
+    MqttPassword,
+    MqttPasswordFile,
+    MqttUsername,
+    broker_password,
+    console,
+    print_json,
+)
 
 __all__ = ["request"]
 
@@ -69,17 +77,9 @@ def request(
         str | None, typer.Option(help="MQTT client id (default: unique to this process)")
     ] = None,
     v311: Annotated[bool, typer.Option("--v311", help="speak MQTT 3.1.1 instead of v5")] = False,
-    username: Annotated[
-        str | None, typer.Option(envvar="EDGEINFER_MQTT_USERNAME", help="broker user name")
-    ] = None,
-    password: Annotated[
-        str | None,
-        typer.Option(
-            envvar="EDGEINFER_MQTT_PASSWORD",
-            show_default=False,
-            help="broker password (prefer the environment variable)",
-        ),
-    ] = None,
+    username: MqttUsername = None,
+    password: MqttPassword = None,
+    password_file: MqttPasswordFile = None,
     tls_ca: Annotated[Path | None, typer.Option(help="CA file that signed the broker")] = None,
     tls_cert: Annotated[Path | None, typer.Option(help="client certificate")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="client certificate's key")] = None,
@@ -105,7 +105,7 @@ def request(
         client_id=client_id or f"edgeinfer-request-{socket.gethostname()}-{os.getpid()}"[:128],
         protocol="3.1.1" if v311 else "5",
         username=username,
-        password=password,
+        password=broker_password(password=password, password_file=password_file),
         tls_ca=tls_ca,
         tls_cert=tls_cert,
         tls_key=tls_key,

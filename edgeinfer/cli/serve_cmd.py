@@ -15,7 +15,13 @@ from typing import Annotated, Any
 
 import typer
 
-from edgeinfer.cli.common import console
+from edgeinfer.cli.common import (
+    MqttPassword,
+    MqttPasswordFile,
+    MqttUsername,
+    broker_password,
+    console,
+)
 
 __all__ = ["serve"]
 
@@ -46,17 +52,9 @@ def serve(
     max_payload_bytes: Annotated[
         int, typer.Option(help="larger requests get 'payload_too_large'")
     ] = 256 * 1024,
-    username: Annotated[
-        str | None, typer.Option(envvar="EDGEINFER_MQTT_USERNAME", help="broker user name")
-    ] = None,
-    password: Annotated[
-        str | None,
-        typer.Option(
-            envvar="EDGEINFER_MQTT_PASSWORD",
-            show_default=False,
-            help="broker password (prefer the environment variable)",
-        ),
-    ] = None,
+    username: MqttUsername = None,
+    password: MqttPassword = None,
+    password_file: MqttPasswordFile = None,
     tls_ca: Annotated[Path | None, typer.Option(help="CA file that signed the broker")] = None,
     tls_cert: Annotated[Path | None, typer.Option(help="client certificate")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="client certificate's key")] = None,
@@ -107,7 +105,7 @@ def serve(
         client_id=client_id or default_client_id(device, shared_group),
         protocol=protocol.value,
         username=username,
-        password=password,
+        password=broker_password(password=password, password_file=password_file),
         tls_ca=tls_ca,
         tls_cert=tls_cert,
         tls_key=tls_key,

@@ -288,7 +288,9 @@ def load(
         providers: execution providers in order of preference (aliases like ``cuda`` or ORT
             names); default: the package's own order. CPU is always the fallback.
         threads: intra-op threads (default: every core).
-        verify: check each file's sha256 against the manifest before loading (recommended).
+        verify: check each file's sha256 against the manifest before loading (recommended);
+            even without it, a package holding a symbolic link or a file its manifest does
+            not list is refused.
         config: a full ``RuntimeConfig``; the keyword arguments above override its fields.
         cache: cache results (memory LRU, SQLite, optional semantic cache); ``None``: off.
         batching: gather concurrent calls into dynamic batches; ``None``: each call runs alone.
@@ -311,6 +313,8 @@ def load(
     verified = time.perf_counter()
     if config.verify:
         manifest.verify(path)
+    else:  # no hashing, but never a link or an unlisted file: a graph could read either
+        manifest.check_layout(path)
     model = Model(
         path,
         manifest,
