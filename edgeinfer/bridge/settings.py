@@ -91,6 +91,22 @@ class BridgeConfig:
         return f"$share/{self.shared_group}/{topic}" if self.shared_group else topic
 
     @property
+    def ota_control_topic(self) -> str:
+        """Deploy control messages (begin, commit, rollback): not matched by ``P/D/+/req``,
+        so a device allowed to send requests is not allowed to deploy."""
+        return f"{self.base}/ota/ctl"
+
+    @property
+    def ota_chunk_topic(self) -> str:
+        """Deploy chunks (their own topic: their own size limit)."""
+        return f"{self.base}/ota/chunk"
+
+    @property
+    def ota_status_topic(self) -> str:
+        """Retained: the outcome of the last deploy step taken."""
+        return f"{self.base}/ota/status"
+
+    @property
     def status_topic(self) -> str:
         """Retained online/offline; per client in a shared group (each bridge has its own)."""
         own = f"/{self.connection.client_id}" if self.shared_group else ""

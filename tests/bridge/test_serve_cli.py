@@ -142,7 +142,8 @@ def test_serve_takes_deploys_only_from_trusted_keys(
     assert main(["keygen", "-o", str(tmp_path / "other")]) == 0
     package = tmp_path / "pkg"
     shutil.copytree(minilm_int8, package)
-    assert main(["sign", str(package), "--key", str(tmp_path / "other.key")]) == 0
+    signing = ["sign", str(package), "--key", str(tmp_path / "other.key"), "--device", "cli-deploy"]
+    assert main(signing) == 0
     base = [
         sys.executable,
         "-m",
