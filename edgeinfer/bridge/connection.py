@@ -138,8 +138,11 @@ def new_paho_client(conn: Connection) -> PahoClient:
     return client
 
 
-def connect_async(client: PahoClient, conn: Connection) -> None:
-    """Start connecting in the background (paho's loop retries until the broker answers)."""
+def connect_async(
+    client: PahoClient, conn: Connection, *, max_packet_bytes: int | None = None
+) -> None:
+    """Start connecting in the background (paho's loop retries until the broker answers);
+    ``max_packet_bytes`` (v5): the broker drops bigger packets instead of sending them."""
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
 
@@ -147,6 +150,8 @@ def connect_async(client: PahoClient, conn: Connection) -> None:
     if conn.is_v5:
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = conn.session_expiry_s
+        if max_packet_bytes is not None:
+            props.MaximumPacketSize = max_packet_bytes
         client.connect_async(
             host, port, keepalive=conn.keepalive_s, clean_start=False, properties=props
         )

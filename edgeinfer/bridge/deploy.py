@@ -19,32 +19,29 @@ message is answered ``{"state": "refused", "reason": ...}`` (a ``DeployRefusedEr
 or an error code), *not* retained, and a refusal repeating the last one is only counted, so
 junk never replaces the status of a deploy in progress. The swap happens only once the new
 state is durable (``deploy_state``), so the status always says what serves, before and after
-a restart. On disk: ``staging/``
-(one deploy at a time), ``NAME/<release id>/`` for the active and the previous package
-only, and ``NAME/state.json``.
+a restart. On disk: ``staging/`` (one deploy at a time), ``NAME/<release id>/`` for the
+active and the previous package only, and ``NAME/state.json``.
 """
 
 from __future__ import annotations
 
-import json
+import errno
 import logging
 import shutil
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from edgeinfer import providers
 from edgeinfer.bridge import protocol as proto
 from edgeinfer.bridge.deploy_state import Kept, Names
-from edgeinfer.bridge.release import Release, RollbackOrder
+from edgeinfer.bridge.release import Release, RollbackOrder, signed_manifest
 from edgeinfer.bridge.serving import ModelTable, ServedModel
 from edgeinfer.bridge.settings import TOPIC_LEVEL_BAD
 from edgeinfer.bridge.signing import TrustedKeys
 from edgeinfer.bridge.staging import MAX_CONTROL_BYTES, Staging
-from edgeinfer.errors import ConfigError, DeployRefusedError, EdgeInferError, IntegrityError
+from edgeinfer.errors import ConfigError, DeployRefusedError, EdgeInferError
 from edgeinfer.manifest import Manifest
 
 __all__ = ["DeployConfig", "Deployer", "default_smoke_check"]
@@ -89,10 +86,6 @@ class DeployConfig:
     compatible: tuple[str, ...] = ()
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class Deployer:
     """Apply deploy messages to a model table; publish each outcome with ``publish``."""
 
@@ -113,7 +106,7 @@ class Deployer:
         self._lock = threading.Lock()  # staging and _begin: paho's thread and the deploy thread
         self._begin: dict[str, Any] = {}
         self._activated: str | None = None  # the deploy id that went live last
-        self._rollback_nonce: Any = None  # the last rollback taken (re-sends ignored)
+        self._ended: dict[Any, BaseException] = {}  # the deploy a failed chunk write ended
         self._refused: tuple[Any, ...] = ()  # the last refusal published (repeats counted)
         self.names = Names(config.folder, origins=origins, trusted=config.trusted)
         self._jobs: list[dict[str, Any]] = []
@@ -172,6 +165,7 @@ class Deployer:
         except OSError as exc:  # the disk is full: this deploy is over
             with self._lock:
                 self.staging.discard()
+            self._ended = {message.get("deploy_id"): exc}
             self._fail(exc, about, retain=True)
 
     def _decoded(self, payload: bytes, max_bytes: int, topic: str) -> dict[str, Any] | None:
@@ -193,11 +187,9 @@ class Deployer:
             self._publish(self.last_status or {"state": "idle"}, False)
         elif op == "commit":
             self._queue(dict(message))
-        elif op == "rollback":
+        elif op == "rollback":  # a re-sent or replayed order is refused in turn (replay)
             order, signer = RollbackOrder.verified(message, self.config.trusted)
-            if order.nonce != self._rollback_nonce:  # else a re-send: taken already
-                self._rollback_nonce = order.nonce
-                self._queue({**message, "order": order, "signer": signer})
+            self._queue({**message, "order": order, "signer": signer})
         else:
             raise ConfigError(f"unknown deploy op {op!r}")
 
@@ -220,30 +212,19 @@ class Deployer:
             raise ConfigError("a begin message needs 'manifest' bytes and 'chunk_bytes'")
         signature = message.get("signature") or {}
         release, signer = Release.verified(manifest_bytes, signature, self.config.trusted)
-        try:
-            data = json.loads(manifest_bytes)
-        except ValueError as exc:
-            raise IntegrityError(f"the signed manifest is not valid JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise IntegrityError("the signed manifest is not a JSON object")
-        manifest = Manifest.from_dict(data)
+        manifest = signed_manifest(manifest_bytes)
         release.check(
             device_id=self.device_id,
             compatible=self.config.compatible,
             name=name,
             manifest=manifest,
-            have=providers.available(),
-            now_ms=_now_ms(),
+            max_bytes=self.config.max_package_bytes,
         )
         self.names.check_floor(name, release)
         total = sum(e.bytes for e in manifest.files.values())
-        if total > min(self.config.max_package_bytes, shutil.disk_usage(self.config.folder).free):
-            raise DeployRefusedError(
-                "too_large",
-                f"the package has {total} bytes; this device takes at most "
-                f"{self.config.max_package_bytes} and has "
-                f"{shutil.disk_usage(self.config.folder).free} free under {self.config.folder}",
-            )
+        free = shutil.disk_usage(self.config.folder).free
+        if total > free:  # reason "disk", as when a write runs out of space
+            raise OSError(errno.ENOSPC, f"{total} bytes do not fit the {free} free here")
         deploy_id = f"{name}-{release.release_id}"
         with self._lock:
             try:
@@ -296,22 +277,22 @@ class Deployer:
             except DeployRefusedError as exc:
                 self._refuse(exc, about)
             except Exception as exc:  # the old model keeps serving; say why
-                if isinstance(exc, EdgeInferError):
-                    log.warning("deploy step failed: %s", exc)
-                else:
-                    log.exception("deploy step failed")
+                traceback = not isinstance(exc, EdgeInferError)  # a bug: show where
+                log.warning("deploy step failed: %s", exc, exc_info=traceback)
                 self._fail(exc, about, retain=True)
 
     def _commit(self, about: dict[str, Any]) -> None:
         if about["deploy_id"] == self._activated:  # a redelivered commit: done already
             self._publish(self.last_status, False)
             return
+        why = self._ended.get(about["deploy_id"])
+        if why is not None:  # the commit of a deploy a full disk ended: say so
+            self._refuse(why, about)
+            return
         with self._lock:  # seal: from here no chunk or begin touches this package
             if about["deploy_id"] != self.staging.deploy_id:
                 raise DeployRefusedError(
-                    "not_receiving",
-                    f"commit of {about['deploy_id']!r}, "
-                    "which is not being received; deploy it again",
+                    "not_receiving", f"commit of {about['deploy_id']!r}, not being received"
                 )
             if self.staging.missing():
                 self._receiving(
@@ -353,7 +334,7 @@ class Deployer:
         return model
 
     def _rollback(self, order: RollbackOrder, signer: str, about: dict[str, Any]) -> None:
-        order.check(device_id=self.device_id, compatible=self.config.compatible, now_ms=_now_ms())
+        order.check(device_id=self.device_id, compatible=self.config.compatible)
         state = self.names.get(order.name)
         if order.issued_ms <= state.rollback_issued_ms:
             raise DeployRefusedError("replay", "this rollback order (or a later one) was applied")
@@ -389,7 +370,7 @@ class Deployer:
 
     def _refuse(self, exc: BaseException, about: Mapping[str, Any]) -> None:
         """Answer a refused message, not retained; a refusal like the last one is counted."""
-        key = (_reason(exc), about.get("nonce"), about.get("topic"))
+        key = (_reason(exc), *(about.get(k) for k in ("nonce", "round", "topic")))
         if key == self._refused:
             log.debug("deploy message refused again: %s", exc)
             return

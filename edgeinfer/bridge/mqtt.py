@@ -133,7 +133,9 @@ class Bridge:
         self.worker.start()
         if self.deployer is not None:
             self.deployer.start()
-        connect_async(self._client, self.config.connection)
+        connect_async(
+            self._client, self.config.connection, max_packet_bytes=self.config.max_packet_bytes
+        )
         self._client.loop_start()
         if self.config.metrics_interval_s > 0:
             self._metrics.start()

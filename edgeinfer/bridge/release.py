@@ -40,6 +40,7 @@ __all__ = [
     "read_signature",
     "sign_package",
     "sign_rollback",
+    "signed_manifest",
     "target_runs_here",
 ]
 
@@ -83,11 +84,10 @@ def _for_here(
     expires_ms: int,
     device_id: str,
     classes: Iterable[str],
-    now_ms: int,
 ) -> None:
     """Refuse a signed statement that has expired or names neither this device nor a class
     it belongs to."""
-    if now_ms > expires_ms:
+    if _now_ms() > expires_ms:
         raise DeployRefusedError("expired", f"{what} expired; sign a new one")
     if device_id not in devices and compatible not in set(classes):
         raise DeployRefusedError(
@@ -156,20 +156,19 @@ class Release:
         compatible: Iterable[str],
         name: str,
         manifest: Manifest,
-        have: Iterable[str],
-        now_ms: int,
+        max_bytes: int,
     ) -> None:
         """Refuse (``DeployRefusedError``) a release that is not for this device and name,
-        has expired, or was built for hardware this device lacks."""
+        has expired, was built for hardware this device lacks, or is larger than signed or
+        than ``max_bytes``."""
         what = f"release {self.release_id}"
-        _for_here(
-            what, self.devices, self.compatible, self.expires_ms, device_id, compatible, now_ms
-        )
+        _for_here(what, self.devices, self.compatible, self.expires_ms, device_id, compatible)
         if name != self.name:
             raise DeployRefusedError(
                 "wrong_name",
                 f"release {self.release_id} is signed to serve as {self.name!r}, not {name!r}",
             )
+        have = providers.available()
         if self.target != manifest.target or not target_runs_here(self.target, have):
             raise DeployRefusedError(
                 "wrong_target",
@@ -177,11 +176,23 @@ class Release:
                 f"accelerators (it has {sorted(have)})",
             )
         total = sum(e.bytes for e in manifest.files.values())
-        if total > self.total_bytes:
+        if total > min(self.total_bytes, max_bytes):
             raise DeployRefusedError(
                 "too_large",
-                f"the package has {total} bytes, more than the {self.total_bytes} signed",
+                f"the package has {total} bytes: {self.total_bytes} are signed, this device "
+                f"takes at most {max_bytes}",
             )
+
+
+def signed_manifest(manifest_bytes: bytes) -> Manifest:
+    """The manifest of a verified release's bytes (``IntegrityError``: not a manifest)."""
+    try:
+        data = json.loads(manifest_bytes)
+    except ValueError as exc:
+        raise IntegrityError(f"the signed manifest is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise IntegrityError("the signed manifest is not a JSON object")
+    return Manifest.from_dict(data)
 
 
 def read_signature(package: Path) -> dict[str, Any] | None:
@@ -287,12 +298,10 @@ class RollbackOrder:
             raise DeployRefusedError("bad_signature", f"malformed rollback order: {exc}") from exc
         return order, signer
 
-    def check(self, *, device_id: str, compatible: Iterable[str], now_ms: int) -> None:
+    def check(self, *, device_id: str, compatible: Iterable[str]) -> None:
         """Refuse an order that is for other devices or has expired."""
         what = f"rollback order {self.nonce}"
-        _for_here(
-            what, self.devices, self.compatible, self.expires_ms, device_id, compatible, now_ms
-        )
+        _for_here(what, self.devices, self.compatible, self.expires_ms, device_id, compatible)
 
 
 def sign_rollback(

@@ -6,6 +6,7 @@ import socket
 from dataclasses import dataclass
 
 from edgeinfer.bridge.connection import Connection
+from edgeinfer.bridge.staging import MAX_CHUNK_BYTES
 from edgeinfer.errors import ConfigError
 
 __all__ = ["TOPIC_LEVEL_BAD", "BridgeConfig", "default_client_id"]
@@ -89,6 +90,14 @@ class BridgeConfig:
         """The bridge's one subscription (every model; unknown ones get ``unknown_model``)."""
         topic = f"{self.base}/+/req"
         return f"$share/{self.shared_group}/{topic}" if self.shared_group else topic
+
+    @property
+    def max_packet_bytes(self) -> int:
+        """The MQTT v5 Maximum Packet Size the bridge announces: the broker drops bigger
+        messages rather than make paho read them whole (a request up to
+        ``max_payload_bytes``, a deploy chunk up to ``MAX_CHUNK_BYTES``, plus 64 KiB for the
+        topic, properties and a chunk's fields)."""
+        return max(self.max_payload_bytes, MAX_CHUNK_BYTES) + (64 << 10)
 
     @property
     def ota_control_topic(self) -> str:

@@ -15,7 +15,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,18 @@ from paho.mqtt.client import Client as PahoClient
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 import edgeinfer
-from edgeinfer.bridge import Bridge, BridgeConfig, Client, Connection, DeployConfig, TrustedKeys
+from edgeinfer.bridge import (
+    Bridge,
+    BridgeConfig,
+    Client,
+    Connection,
+    DeployConfig,
+    TrustedKeys,
+    deploy_package,
+    rollback_package,
+)
 from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge.signing import Signer
 from edgeinfer.bridge.staging import DEFAULT_CHUNK_BYTES, ChunkRef, chunk_plan
 from edgeinfer.cli import main
 from edgeinfer.manifest import MANIFEST_NAME, Manifest, file_entries
@@ -100,6 +110,16 @@ def release(
         sign_options=("--version", str(version), *sign_options),
         **options,
     )
+
+
+def resign(package: Path, key: Path, **release: Any) -> Path:
+    """Sign ``package``'s current release again with ``release`` fields changed (an expiry in
+    the past, a smaller size), as a signer with that key could."""
+    record = json.loads((package / "manifest.sig").read_text())
+    body = {**record["release"], **release}
+    record = {**Signer.load(key).sign("release", body), "release": body}
+    (package / "manifest.sig").write_text(json.dumps(record))
+    return package
 
 
 def chunk_message(package: Path, deploy_id: str, ref: ChunkRef, **changes: Any) -> dict[str, Any]:
@@ -253,6 +273,7 @@ def deploy_bridge(
     device: str = DEVICE,
     revoked: frozenset[str] = frozenset(),
     loader: Callable[[Path], Any] = real_loader,
+    smoke_check: Callable[[Any], None] = smoke,
     model: Any = None,
     name: str = "minilm",
     start: bool = True,
@@ -270,7 +291,7 @@ def deploy_bridge(
             folder=folder,
             trusted=TrustedKeys.load(trusted, revoked=revoked),
             loader=loader,
-            smoke_check=smoke if loader is real_loader else lambda m: None,
+            smoke_check=smoke_check,
         ),
         origins={name: origin},
     )
@@ -291,3 +312,93 @@ def serves(client: Client, bridge: Bridge, digest: str) -> bool:
     reply = client.request("minilm", text=f"still serving? {os.urandom(4).hex()}")
     status = bridge.status()["models"]["minilm"]
     return bool(reply["ok"]) and model.calls == before + 1 and status["digest"] == digest
+
+
+@dataclass
+class Rig:
+    """One deploy test's world: a key the bridge trusts, a bridge serving the exported
+    MiniLM as minilm from ``origin``, an operator, and a device client."""
+
+    broker: Mosquitto
+    harness: Harness
+    tmp: Path
+    origin: Path
+    key: Path
+    pub: Path
+    bridge: Bridge
+    operator: Operator
+    client: Client
+    revoked: frozenset[str] = frozenset()
+
+    @classmethod
+    def open(
+        cls, broker: Mosquitto, harness: Harness, tmp: Path, origin: Path, **bridge: Any
+    ) -> Rig:
+        key, pub = keypair(tmp / "keys", "release")
+        trusted = [pub, *bridge.pop("trusted", [])]
+        made = deploy_bridge(
+            broker, harness, tmp / "deployed", trusted=trusted, origin=origin, **bridge
+        )
+        operator = Operator(broker.port)
+        client = harness.client(broker, device_id=DEVICE)
+        return cls(
+            broker,
+            harness,
+            tmp,
+            origin,
+            key,
+            pub,
+            made,
+            operator,
+            client,
+            bridge.get("revoked", frozenset()),
+        )
+
+    def release(self, version: int, **options: Any) -> Path:
+        """A new release of the origin package as ``version``, signed with the rig's key."""
+        return release(self.origin, self.tmp, version, key=options.pop("key", self.key), **options)
+
+    def deploy(
+        self, package: Path, *, name: str | None = None, device: str = DEVICE
+    ) -> dict[str, Any]:
+        """``edgeinfer deploy``'s library call; the device's final status."""
+        outcome = deploy_package(
+            package,
+            connection=Connection(broker=self.broker.url, client_id=f"op-{os.urandom(4).hex()}"),
+            device_id=device,
+            name=name,
+            timeout_s=120,
+        )
+        return outcome.status
+
+    def rollback(self, *, key: Path | None = None, **order: Any) -> dict[str, Any]:
+        """``edgeinfer rollback``'s library call, signed with ``key`` (default: the rig's)."""
+        outcome = rollback_package(
+            "minilm",
+            connection=Connection(broker=self.broker.url, client_id=f"op-{os.urandom(4).hex()}"),
+            device_id=DEVICE,
+            key=key or self.key,
+            timeout_s=120,
+            **order,
+        )
+        return outcome.status
+
+    def serves(self, package: Path) -> bool:
+        """Whether the bridge serves ``package`` and answers a request with it."""
+        return serves(self.client, self.bridge, Manifest.read(package).digest)
+
+    def restart(self) -> Bridge:
+        """Stop the bridge; start a new one on the same deploy folder."""
+        self.bridge.stop()
+        self.bridge = deploy_bridge(
+            self.broker,
+            self.harness,
+            self.tmp / "deployed",
+            trusted=[self.pub],
+            origin=self.origin,
+            revoked=self.revoked,
+        )
+        return self.bridge
+
+    def close(self) -> None:
+        self.operator.close()
