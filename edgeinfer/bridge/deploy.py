@@ -360,8 +360,8 @@ class Deployer:
     def _serve(self, name: str, model: ServedModel, about: Mapping[str, Any], word: str) -> None:
         """Serve ``model`` for ``name`` from the next request on (its state is durable)."""
         self.models.swap(name, model)
+        self._on_swap()  # P/D/status first: who sees the deploy status sees it updated
         self._status(word, **about)
-        self._on_swap()
 
     # -- statuses ------------------------------------------------------------------------------
     def _fail(self, exc: BaseException, about: Mapping[str, Any], *, retain: bool) -> None:

@@ -15,7 +15,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -276,14 +276,15 @@ def deploy_bridge(
     smoke_check: Callable[[Any], None] = smoke,
     model: Any = None,
     name: str = "minilm",
-    start: bool = True,
+    login: dict[str, str] | None = None,
 ) -> Bridge:
-    """A bridge serving ``origin`` (the harness's model unless ``model``) under ``name``
-    that takes deploys into ``folder``; what was deployed there before serves again."""
+    """A started bridge serving ``origin`` (the harness's model unless ``model``) under
+    ``name`` that takes deploys into ``folder``; what was deployed there before serves again.
+    ``login``: the broker's username and password."""
     bridge = Bridge(
         {name: model if model is not None else CountingModel(harness.model)},
         config=BridgeConfig(
-            connection=Connection(broker=broker.url, client_id=f"b-{device}"),
+            connection=Connection(broker=broker.url, client_id=f"b-{device}", **(login or {})),
             device_id=device,
             metrics_interval_s=0,
         ),
@@ -299,7 +300,7 @@ def deploy_bridge(
     for served, restored in bridge.deployer.restore().items():
         bridge.models.swap(served, restored)
     harness.bridges.append(bridge)
-    return bridge.start() if start else bridge
+    return bridge.start()
 
 
 def serves(client: Client, bridge: Bridge, digest: str) -> bool:
@@ -317,71 +318,60 @@ def serves(client: Client, bridge: Bridge, digest: str) -> bool:
 @dataclass
 class Rig:
     """One deploy test's world: a key the bridge trusts, a bridge serving the exported
-    MiniLM as minilm from ``origin``, an operator, and a device client."""
+    MiniLM as minilm from ``origin`` (``options``: ``deploy_bridge``'s), an operator and a
+    device client."""
 
     broker: Mosquitto
     harness: Harness
     tmp: Path
     origin: Path
     key: Path
-    pub: Path
-    bridge: Bridge
+    options: dict[str, Any]
     operator: Operator
     client: Client
-    revoked: frozenset[str] = frozenset()
+    bridge: Bridge = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.bridge = self._bridge()
 
     @classmethod
     def open(
-        cls, broker: Mosquitto, harness: Harness, tmp: Path, origin: Path, **bridge: Any
+        cls, broker: Mosquitto, harness: Harness, tmp: Path, origin: Path, **options: Any
     ) -> Rig:
         key, pub = keypair(tmp / "keys", "release")
-        trusted = [pub, *bridge.pop("trusted", [])]
-        made = deploy_bridge(
-            broker, harness, tmp / "deployed", trusted=trusted, origin=origin, **bridge
-        )
-        operator = Operator(broker.port)
+        options["trusted"] = [pub, *options.get("trusted", [])]
         client = harness.client(broker, device_id=DEVICE)
-        return cls(
-            broker,
-            harness,
-            tmp,
-            origin,
-            key,
-            pub,
-            made,
-            operator,
-            client,
-            bridge.get("revoked", frozenset()),
-        )
+        return cls(broker, harness, tmp, origin, key, options, Operator(broker.port), client)
+
+    def _bridge(self) -> Bridge:
+        folder = self.tmp / "deployed"
+        return deploy_bridge(self.broker, self.harness, folder, origin=self.origin, **self.options)
+
+    @property
+    def pub(self) -> Path:
+        """The public key the bridge trusts."""
+        return Path(self.options["trusted"][0])
+
+    def _connection(self) -> Connection:
+        return Connection(broker=self.broker.url, client_id=f"op-{os.urandom(4).hex()}")
 
     def release(self, version: int, **options: Any) -> Path:
         """A new release of the origin package as ``version``, signed with the rig's key."""
         return release(self.origin, self.tmp, version, key=options.pop("key", self.key), **options)
 
-    def deploy(
-        self, package: Path, *, name: str | None = None, device: str = DEVICE
-    ) -> dict[str, Any]:
+    def deploy(self, package: Path, *, name: str | None = None) -> dict[str, Any]:
         """``edgeinfer deploy``'s library call; the device's final status."""
-        outcome = deploy_package(
-            package,
-            connection=Connection(broker=self.broker.url, client_id=f"op-{os.urandom(4).hex()}"),
-            device_id=device,
-            name=name,
-            timeout_s=120,
-        )
-        return outcome.status
+        connection = self._connection()
+        return deploy_package(
+            package, connection=connection, device_id=DEVICE, name=name, timeout_s=120
+        ).status
 
     def rollback(self, *, key: Path | None = None, **order: Any) -> dict[str, Any]:
         """``edgeinfer rollback``'s library call, signed with ``key`` (default: the rig's)."""
-        outcome = rollback_package(
-            "minilm",
-            connection=Connection(broker=self.broker.url, client_id=f"op-{os.urandom(4).hex()}"),
-            device_id=DEVICE,
-            key=key or self.key,
-            timeout_s=120,
-            **order,
-        )
-        return outcome.status
+        connection, signer = self._connection(), key or self.key
+        return rollback_package(
+            "minilm", connection=connection, device_id=DEVICE, key=signer, timeout_s=120, **order
+        ).status
 
     def serves(self, package: Path) -> bool:
         """Whether the bridge serves ``package`` and answers a request with it."""
@@ -390,14 +380,7 @@ class Rig:
     def restart(self) -> Bridge:
         """Stop the bridge; start a new one on the same deploy folder."""
         self.bridge.stop()
-        self.bridge = deploy_bridge(
-            self.broker,
-            self.harness,
-            self.tmp / "deployed",
-            trusted=[self.pub],
-            origin=self.origin,
-            revoked=self.revoked,
-        )
+        self.bridge = self._bridge()
         return self.bridge
 
     def close(self) -> None:
