@@ -13,14 +13,12 @@ request ACL (``P/D/+/req``) does not match, each with its size checked before de
       {"op": "chunk", "deploy_id", "index", "file", "offset", "sha256", "data": <bytes>}
 
 ``begin``, ``chunk`` and ``status`` are cheap and handled in paho's thread; ``commit`` and
-``rollback`` load models, so they run on the deploy thread. The outcome of each step of a
-deploy or rollback that was taken is published *retained* on ``P/D/ota/status``; a refused
-message is answered ``{"state": "refused", "reason": ...}`` (a ``DeployRefusedError`` reason
-or an error code), *not* retained, and a refusal repeating the last one is only counted, so
-junk never replaces the status of a deploy in progress. The swap happens only once the new
-state is durable (``deploy_state``), so the status always says what serves, before and after
-a restart. On disk: ``staging/`` (one deploy at a time), ``NAME/<release id>/`` for the
-active and the previous package only, and ``NAME/state.json``.
+``rollback`` load models, so they run on the deploy thread. Each step's outcome goes to
+``P/D/ota/status`` (``deploy_status``: retained for steps taken, refusals answered once and
+not retained). The swap happens only once the new state is durable (``deploy_state``), so
+the status always says what serves, before and after a restart. On disk: ``staging/`` (one
+deploy at a time), ``NAME/<release id>/`` for the active and the previous package only, and
+``NAME/state.json``.
 """
 
 from __future__ import annotations
@@ -36,6 +34,7 @@ from typing import Any
 
 from edgeinfer.bridge import protocol as proto
 from edgeinfer.bridge.deploy_state import Kept, Names
+from edgeinfer.bridge.deploy_status import DeployStatus, Publish
 from edgeinfer.bridge.release import Release, RollbackOrder, signed_manifest
 from edgeinfer.bridge.serving import ModelTable, ServedModel
 from edgeinfer.bridge.settings import TOPIC_LEVEL_BAD
@@ -49,7 +48,6 @@ __all__ = ["DeployConfig", "Deployer", "default_smoke_check"]
 log = logging.getLogger(__name__)
 
 _MAX_MISSING_LISTED = 1024  # indexes in one status message (the rest follow after a resend)
-Publish = Callable[[dict[str, Any], bool], None]  # (status, retain)
 
 
 def default_smoke_check(model: Any) -> None:
@@ -100,20 +98,19 @@ class Deployer:
         on_swap: Callable[[], None] = lambda: None,
     ) -> None:
         self.config, self.device_id, self.models = config, device_id, models
-        self._publish, self._on_swap = publish, on_swap
+        self._on_swap = on_swap
+        self.status = DeployStatus(publish)
         config.folder.mkdir(parents=True, exist_ok=True)
         self.staging = Staging(config.folder)
         self._lock = threading.Lock()  # staging and _begin: paho's thread and the deploy thread
         self._begin: dict[str, Any] = {}
         self._activated: str | None = None  # the deploy id that went live last
         self._ended: dict[Any, BaseException] = {}  # the deploy a failed chunk write ended
-        self._refused: tuple[Any, ...] = ()  # the last refusal published (repeats counted)
         self.names = Names(config.folder, origins=origins, trusted=config.trusted)
         self._jobs: list[dict[str, Any]] = []
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="edgeinfer-deploy")
-        self.last_status: dict[str, Any] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def restore(self) -> dict[str, ServedModel]:
@@ -149,7 +146,7 @@ class Deployer:
         try:
             self._on_control(message)
         except (EdgeInferError, OSError) as exc:  # OSError: the disk refused a write
-            self._refuse(exc, about)
+            self.status.refuse(exc, about)
 
     def handle_chunk(self, payload: bytes) -> None:
         """One message of ``P/D/ota/chunk``; never raises."""
@@ -161,22 +158,22 @@ class Deployer:
             with self._lock:
                 self.staging.take(message)
         except EdgeInferError as exc:
-            self._refuse(exc, {**about, "refused_chunk": message.get("index")})
+            self.status.refuse(exc, {**about, "refused_chunk": message.get("index")})
         except OSError as exc:  # the disk is full: this deploy is over
             with self._lock:
                 self.staging.discard()
             self._ended = {message.get("deploy_id"): exc}
-            self._fail(exc, about, retain=True)
+            self.status.fail(exc, about)
 
     def _decoded(self, payload: bytes, max_bytes: int, topic: str) -> dict[str, Any] | None:
         if len(payload) > max_bytes:  # before decoding: nothing of it is parsed or copied
             message = f"a {len(payload)}-byte message; ota/{topic} takes at most {max_bytes} now"
-            self._refuse(DeployRefusedError("too_large", message), {"topic": topic})
+            self.status.refuse(DeployRefusedError("too_large", message), {"topic": topic})
             return None
         try:
             return proto.decode_reply(payload, fmt="msgpack")
         except ValueError as exc:
-            self._refuse(ConfigError(f"undecodable deploy message: {exc}"), {"topic": topic})
+            self.status.refuse(ConfigError(f"undecodable deploy message: {exc}"), {"topic": topic})
             return None
 
     def _on_control(self, message: Mapping[str, Any]) -> None:
@@ -184,7 +181,7 @@ class Deployer:
         if op == "begin":
             self._on_begin(message)
         elif op == "status":
-            self._publish(self.last_status or {"state": "idle"}, False)
+            self.status.again()
         elif op == "commit":
             self._queue(dict(message))
         elif op == "rollback":  # a re-sent or replayed order is refused in turn (replay)
@@ -251,7 +248,7 @@ class Deployer:
     def _receiving(self, **extra: Any) -> None:
         missing = self.staging.missing()
         about: dict[str, Any] = {k: self._begin.get(k) for k in ("deploy_id", "name", "version")}
-        self._status(
+        self.status.step(
             "receiving",
             **about,
             total=len(self.staging.plan),
@@ -275,19 +272,19 @@ class Deployer:
                 else:
                     self._rollback(job["order"], job["signer"], about)
             except DeployRefusedError as exc:
-                self._refuse(exc, about)
+                self.status.refuse(exc, about)
             except Exception as exc:  # the old model keeps serving; say why
                 traceback = not isinstance(exc, EdgeInferError)  # a bug: show where
                 log.warning("deploy step failed: %s", exc, exc_info=traceback)
-                self._fail(exc, about, retain=True)
+                self.status.fail(exc, about)
 
     def _commit(self, about: dict[str, Any]) -> None:
         if about["deploy_id"] == self._activated:  # a redelivered commit: done already
-            self._publish(self.last_status, False)
+            self.status.again()
             return
         why = self._ended.get(about["deploy_id"])
         if why is not None:  # the commit of a deploy a full disk ended: say so
-            self._refuse(why, about)
+            self.status.refuse(why, about)
             return
         with self._lock:  # seal: from here no chunk or begin touches this package
             if about["deploy_id"] != self.staging.deploy_id:
@@ -316,7 +313,7 @@ class Deployer:
         new = replace(state, active=kept, previous=state.active, floor_version=kept.version)
         new.floor_release = kept.release_id
         try:
-            self._status("verifying", **about)
+            self.status.step("verifying", **about)
             Manifest.read(target).verify(target)  # names and sha256 checked again, on disk
             model = self._load_checked(target, about)
             self.names.commit(begin["name"], new)
@@ -327,9 +324,9 @@ class Deployer:
         self._activated = about["deploy_id"]
 
     def _load_checked(self, folder: Path, about: Mapping[str, Any]) -> ServedModel:
-        self._status("loading", **about)
+        self.status.step("loading", **about)
         model = self.config.loader(folder)  # load() verifies, starts sessions and warms up
-        self._status("smoke_check", **about)
+        self.status.step("smoke_check", **about)
         self.config.smoke_check(model)
         return model
 
@@ -361,40 +358,4 @@ class Deployer:
         """Serve ``model`` for ``name`` from the next request on (its state is durable)."""
         self.models.swap(name, model)
         self._on_swap()  # P/D/status first: who sees the deploy status sees it updated
-        self._status(word, **about)
-
-    # -- statuses ------------------------------------------------------------------------------
-    def _fail(self, exc: BaseException, about: Mapping[str, Any], *, retain: bool) -> None:
-        """A step that was under way failed (retained): the old model keeps serving."""
-        self._status("failed", retain=retain, **about, reason=_reason(exc), message=str(exc))
-
-    def _refuse(self, exc: BaseException, about: Mapping[str, Any]) -> None:
-        """Answer a refused message, not retained; a refusal like the last one is counted."""
-        key = (_reason(exc), *(about.get(k) for k in ("nonce", "round", "topic")))
-        if key == self._refused:
-            log.debug("deploy message refused again: %s", exc)
-            return
-        self._refused = key
-        log.warning("deploy message refused: %s", exc)
-        self._status("refused", retain=False, **about, reason=key[0], message=str(exc))
-
-    def _status(self, state: str, *, retain: bool = True, **fields: Any) -> None:
-        status = {
-            "v": proto.PROTOCOL_VERSION,
-            "state": state,
-            **{k: v for k, v in fields.items() if v is not None},
-        }
-        if retain:
-            self.last_status, self._refused = status, ()
-        log.info("deploy: %s", status)
-        self._publish(status, retain)
-
-
-def _reason(exc: BaseException) -> str:
-    """The ``reason`` of a status: a refusal's reason, an error's code, ``disk`` for a write
-    the disk refused."""
-    if isinstance(exc, DeployRefusedError):
-        return exc.reason
-    if isinstance(exc, EdgeInferError):
-        return exc.code
-    return "disk" if isinstance(exc, OSError) else "internal"
+        self.status.step(word, **about)

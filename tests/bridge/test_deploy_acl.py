@@ -106,7 +106,7 @@ def test_the_documented_acl_keeps_sensors_off_the_deploy_topics(
         begin["manifest"] = (v2 / "manifest.json").read_bytes()
         ota = "edgeinfer/plc7/ota/ctl"
         assert _publish_as(acl_broker, "plc7-sensor", ota, proto.packb(begin)) == NOT_AUTHORIZED
-        assert bridge.deployer is not None and bridge.deployer.last_status == {}  # never came
+        assert bridge.deployer is not None and bridge.deployer.status.last == {}  # never came
         outcome = deploy_package(
             v2,
             connection=_login(acl_broker, "fleet-operator", f"op-{os.urandom(4).hex()}"),
