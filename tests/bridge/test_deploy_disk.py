@@ -18,8 +18,15 @@ from bridge_harness import Harness, Mosquitto
 from deploy_harness import DEVICE, Operator, deploy_bridge, keypair, release
 
 import edgeinfer
-from edgeinfer.bridge import Bridge, Connection, deploy_package
-from edgeinfer.bridge.deploy_state import STATE_NAME, Kept, NameState, load_state, write_atomic
+from edgeinfer.bridge import Bridge, Connection, TrustedKeys, deploy_package
+from edgeinfer.bridge.deploy_state import (
+    STATE_NAME,
+    Kept,
+    Names,
+    NameState,
+    load_state,
+    write_atomic,
+)
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.smoke import check
@@ -66,6 +73,10 @@ def test_a_damaged_state_file_is_rebuilt_from_the_folders(
     assert state.active is not None and Path(state.active.path) == v3  # the highest version
     assert state.previous is not None and Path(state.previous.path) == v2
     assert state.floor_version == 3  # never lower than what was accepted
+    names = Names(folder.parent, origins={}, trusted=TrustedKeys({}))
+    restored = names.restore(_raw_loader, skip="staging")  # what a restarted bridge does
+    assert restored["acc"].manifest.digest == Manifest.read(v3).digest
+    assert NameState.from_json((folder / STATE_NAME).read_bytes()).active == state.active
 
 
 def test_a_state_file_is_replaced_whole(tmp_path: Path) -> None:
