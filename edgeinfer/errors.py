@@ -19,7 +19,9 @@ so that callers catch one tree and still see the cause.
     ├── BridgeError                 bridge         the MQTT bridge or its client failed
     │   ├── BrokerAuthError         broker_auth    the broker refused the login (user, password)
     │   ├── BrokerUnavailableError  broker_unavailable  no broker connection within the timeout
-    │   └── RequestTimeoutError     request_timeout  no reply came in time (after every re-send)
+    │   ├── RequestTimeoutError     request_timeout  no reply came in time (after every re-send)
+    │   └── DeployRefusedError      deploy_refused  a device refused a deploy or rollback
+    │                                               (``reason``: downgrade, replay, ...)
     └── ExportError                 export         `edgeinfer export` failed
         ├── ConversionError         conversion     the source could not be converted to ONNX
         ├── ParityError             parity         fp32 ONNX differs from the source model
@@ -35,7 +37,7 @@ callers that caught those still do.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "AccuracyGateError",
@@ -45,6 +47,7 @@ __all__ = [
     "ConfigError",
     "ContextLengthExceededError",
     "ConversionError",
+    "DeployRefusedError",
     "EdgeInferError",
     "EpCoverageError",
     "ExportError",
@@ -212,3 +215,32 @@ class RequestTimeoutError(BridgeError, TimeoutError):
     """No reply to a bridge request came in time, after every re-send."""
 
     code = "request_timeout"
+
+
+# Why a device refused a deploy or a rollback (``DeployRefusedError.reason``).
+DeployRefusal = Literal[
+    "unsigned",  # no signature with release metadata (version, devices, name, ...)
+    "untrusted",  # signed by a key the device does not trust, directly or by rotation
+    "revoked",  # signed by (or through) a revoked key
+    "bad_signature",  # the signature does not verify over what it claims to sign
+    "expired",  # the signed release or rollback is past its expiry
+    "downgrade",  # an older version than one this device already accepted
+    "replay",  # a release, version or rollback this device already took
+    "wrong_device",  # signed for other devices (or another compatible class)
+    "wrong_target",  # built for hardware this device cannot run (npu-*, gpu-*)
+    "wrong_name",  # signed to be served under another name
+    "too_large",  # more bytes than signed or allowed, or an oversized message
+    "not_receiving",  # a chunk or commit for a deploy that is not in progress
+    "no_previous",  # a rollback to a package this device does not keep
+]
+
+
+class DeployRefusedError(BridgeError):
+    """A device refused a deploy or a rollback; ``reason`` says why and travels in the
+    device's deploy status (``reason`` field), so scripts and tests can act on it."""
+
+    code = "deploy_refused"
+
+    def __init__(self, reason: DeployRefusal, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason: DeployRefusal = reason

@@ -12,8 +12,9 @@ from edgeinfer.bridge.deploy import DeployConfig, Deployer
 from edgeinfer.bridge.mqtt import Bridge
 from edgeinfer.bridge.protocol import ERROR_CODES, PROTOCOL_VERSION, ErrorReply, Request
 from edgeinfer.bridge.publish import DeployOutcome, deploy_package, rollback_package
+from edgeinfer.bridge.release import sign_package
 from edgeinfer.bridge.settings import BridgeConfig, default_client_id
-from edgeinfer.bridge.signing import TrustedKeys, generate_keypair, sign_package
+from edgeinfer.bridge.signing import TrustedKeys, generate_keypair
 from edgeinfer.bridge.worker import Worker
 
 __all__ = [

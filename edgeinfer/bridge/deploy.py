@@ -1,39 +1,46 @@
-"""Deploys on the device: signed, chunked packages assembled, checked, loaded, swapped.
+"""Deploys on the device: signed releases, chunked, checked, loaded, swapped, rolled back.
 
-Messages come on ``P/D/deploy/req`` (MsgPack, from ``edgeinfer deploy``/``rollback``)::
+Messages (MsgPack, from ``edgeinfer deploy``/``rollback``) come on two topics that a device's
+request ACL (``P/D/+/req``) does not match, each with its size checked before decoding::
 
-    {"op": "begin", "deploy_id", "name", "manifest": <manifest.json bytes>, "signature": {...},
-     "chunk_bytes"}                                   signature checked first, staging opened
-    {"op": "chunk", "deploy_id", "index", "file", "offset", "sha256", "data": <bytes>}
-    {"op": "commit", "deploy_id"}                     verify, load + warm, smoke check, swap
-    {"op": "rollback", "name"}                        serve the previous package again
-    {"op": "status"}                                  publish the deploy status again
+    P/D/ota/ctl    at most MAX_CONTROL_BYTES
+      {"op": "begin", "name", "manifest": <manifest.json bytes>, "signature": {... "release"},
+       "chunk_bytes", "nonce", "round"}         release checked (release.py), staging opened
+      {"op": "commit", "deploy_id", "nonce", "round"}   verify, load + warm, smoke check, swap
+      {"op": "rollback", "order": {...}, "signature": {...}, "nonce", "round"}   signed order
+      {"op": "status"}                           the last status again
+    P/D/ota/chunk  at most the planned chunk size + file name + CHUNK_ENVELOPE_BYTES
+      {"op": "chunk", "deploy_id", "index", "file", "offset", "sha256", "data": <bytes>}
 
-``begin``, ``chunk`` and ``status`` are cheap and handled in paho's thread (a chunk is a hash
-and one write); ``commit`` and ``rollback`` load models, so they run on the deploy thread.
-Each step's outcome is published, retained, on ``P/D/deploy/status``. Any failed step leaves
-the old model serving. On disk under the deploy folder: ``staging/`` (one deploy at a time)
-and per served name ``NAME/<digest>/`` for the active and the previous package only, with
-``NAME/state.json`` saying which is which (so a restarted bridge serves what was deployed).
+``begin``, ``chunk`` and ``status`` are cheap and handled in paho's thread; ``commit`` and
+``rollback`` load models, so they run on the deploy thread. Each step's outcome goes to
+``P/D/ota/status`` (``deploy_status``: retained for steps taken, refusals answered once and
+not retained). The swap happens only once the new state is durable (``deploy_state``), so
+the status always says what serves, before and after a restart. On disk: ``staging/`` (one
+deploy at a time), ``NAME/<release id>/`` for the active and the previous package only, and
+``NAME/state.json``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import errno
 import logging
 import shutil
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge.deploy_state import Kept, Names
+from edgeinfer.bridge.deploy_status import DeployStatus, Publish
+from edgeinfer.bridge.release import Release, RollbackOrder, signed_manifest
 from edgeinfer.bridge.serving import ModelTable, ServedModel
-from edgeinfer.bridge.signing import TrustedKeys, read_signature
-from edgeinfer.bridge.staging import Staging
-from edgeinfer.errors import ConfigError, EdgeInferError, IntegrityError
+from edgeinfer.bridge.settings import TOPIC_LEVEL_BAD
+from edgeinfer.bridge.signing import TrustedKeys
+from edgeinfer.bridge.staging import MAX_CONTROL_BYTES, Staging
+from edgeinfer.errors import ConfigError, DeployRefusedError, EdgeInferError
 from edgeinfer.manifest import Manifest
 
 __all__ = ["DeployConfig", "Deployer", "default_smoke_check"]
@@ -62,10 +69,11 @@ class DeployConfig:
 
     Args:
         folder: where staging and deployed packages live (previous + active + staging only).
-        trusted: the public keys whose signatures are accepted.
+        trusted: the public keys (and revoked key ids) signatures are checked against.
         loader: loads and warms a package folder (default ``edgeinfer.load``).
         smoke_check: raises when a loaded package does not reproduce its recorded outputs.
         max_package_bytes: larger packages are refused at ``begin``.
+        compatible: device classes this device belongs to (``sign --compatible``).
     """
 
     folder: Path
@@ -73,15 +81,7 @@ class DeployConfig:
     loader: Callable[[Path], ServedModel] = _default_loader
     smoke_check: Callable[[Any], None] = default_smoke_check
     max_package_bytes: int = 4 << 30
-
-
-@dataclass
-class _Slot:
-    """What serves one name: the active package and the one before it."""
-
-    active: dict[str, Any] | None = None
-    previous: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    compatible: tuple[str, ...] = ()
 
 
 class Deployer:
@@ -91,44 +91,31 @@ class Deployer:
         self,
         config: DeployConfig,
         *,
+        device_id: str,
         models: ModelTable,
         origins: Mapping[str, Path],
-        publish: Callable[[dict[str, Any]], None],
+        publish: Publish,
         on_swap: Callable[[], None] = lambda: None,
     ) -> None:
-        self.config = config
-        self.models = models
-        self._publish = publish
+        self.config, self.device_id, self.models = config, device_id, models
         self._on_swap = on_swap
+        self.status = DeployStatus(publish)
         config.folder.mkdir(parents=True, exist_ok=True)
         self.staging = Staging(config.folder)
+        self._lock = threading.Lock()  # staging and _begin: paho's thread and the deploy thread
         self._begin: dict[str, Any] = {}
-        self._activated: dict[str, Any] = {}  # the last deploy that went live
-        self._rollback_nonce: Any = None  # the last rollback asked for (re-sends ignored)
-        self._slots: dict[str, _Slot] = {}
-        for name, path in origins.items():
-            self._slots[name] = _Slot(active=self._describe(path, signer=self._signer_of(path)))
+        self._activated: str | None = None  # the deploy id that went live last
+        self._ended: dict[Any, BaseException] = {}  # the deploy a failed chunk write ended
+        self.names = Names(config.folder, origins=origins, trusted=config.trusted)
         self._jobs: list[dict[str, Any]] = []
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="edgeinfer-deploy")
-        self.last_status: dict[str, Any] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def restore(self) -> dict[str, ServedModel]:
-        """Load the packages deployed before a restart (``NAME/state.json``), by name."""
-        restored: dict[str, ServedModel] = {}
-        for state in sorted(self.config.folder.glob("*/state.json")):
-            slot = _Slot(**json.loads(state.read_text()))
-            if slot.active is None:
-                continue
-            try:
-                restored[state.parent.name] = self.config.loader(Path(slot.active["path"]))
-            except EdgeInferError as exc:
-                log.error("cannot serve the deployed %s again: %s", state.parent.name, exc)
-                continue
-            self._slots[state.parent.name] = slot
-        return restored
+        """Load what was deployed before a restart (``NAME/state.json``), by name."""
+        return self.names.restore(self.config.loader, skip=self.staging.folder.name)
 
     def start(self) -> None:
         """Start the deploy thread."""
@@ -143,95 +130,125 @@ class Deployer:
             self._thread.join()
 
     def served(self) -> dict[str, dict[str, Any]]:
-        """Per served name: package digest, signer and folder (for the status topic)."""
-        out = {}
-        for name, model in self.models.items():
-            slot = self._slots.get(name) or _Slot()
-            out[name] = {
-                "digest": str(model.manifest.digest),
-                "task": model.task,
-                "signer": (slot.active or {}).get("signer"),
-                "previous": (slot.previous or {}).get("digest"),
-            }
-        return out
+        """Per served name: package digest, version, signer, previous (for the status topic)."""
+        return {
+            name: {"digest": str(m.manifest.digest), "task": m.task, **self.names.served(name)}
+            for name, m in self.models.items()
+        }
 
     # -- paho's thread -------------------------------------------------------------------------
-    def handle(self, payload: bytes) -> None:
-        """One deploy message (MsgPack); never raises."""
-        try:
-            message = proto.decode_reply(payload, fmt="msgpack")
-        except ValueError as exc:
-            self._status("failed", message=f"undecodable deploy message: {exc}")
+    def handle_control(self, payload: bytes) -> None:
+        """One message of ``P/D/ota/ctl``; never raises."""
+        message = self._decoded(payload, MAX_CONTROL_BYTES, "ctl")
+        if message is None:
             return
-        op = message.get("op")
+        about = {k: message.get(k) for k in ("deploy_id", "nonce", "round")}
         try:
-            if op == "begin":
-                self._on_begin(message)
-            elif op == "chunk":
-                self._on_chunk(message)
-            elif op == "status":
-                self._publish(self.last_status or {"state": "idle"})
-            elif op in ("commit", "rollback"):
-                if op == "rollback" and message.get("nonce") == self._rollback_nonce:
-                    return  # a re-sent rollback: the first one is applied or under way
-                self._rollback_nonce = message.get("nonce") if op == "rollback" else None
-                with self._cond:
-                    self._jobs.append(message)
-                    self._cond.notify_all()
-            else:
-                self._status("failed", message=f"unknown deploy op {op!r}")
+            self._on_control(message)
         except (EdgeInferError, OSError) as exc:  # OSError: the disk refused a write
-            self._status(
-                "failed",
-                deploy_id=message.get("deploy_id"),
-                name=message.get("name"),
-                nonce=message.get("nonce"),
-                round=message.get("round"),
-                message=f"{getattr(exc, 'code', 'disk')}: {exc}",
-            )
+            self.status.refuse(exc, about)
+
+    def handle_chunk(self, payload: bytes) -> None:
+        """One message of ``P/D/ota/chunk``; never raises."""
+        message = self._decoded(payload, self.staging.max_message_bytes, "chunk")
+        if message is None:
+            return
+        about = {k: message.get(k) for k in ("deploy_id", "nonce")}
+        try:
+            with self._lock:
+                self.staging.take(message)
+        except EdgeInferError as exc:
+            self.status.refuse(exc, {**about, "refused_chunk": message.get("index")})
+        except OSError as exc:  # the disk is full: this deploy is over
+            with self._lock:
+                self.staging.discard()
+            self._ended = {message.get("deploy_id"): exc}
+            self.status.fail(exc, about)
+
+    def _decoded(self, payload: bytes, max_bytes: int, topic: str) -> dict[str, Any] | None:
+        if len(payload) > max_bytes:  # before decoding: nothing of it is parsed or copied
+            message = f"a {len(payload)}-byte message; ota/{topic} takes at most {max_bytes} now"
+            self.status.refuse(DeployRefusedError("too_large", message), {"topic": topic})
+            return None
+        try:
+            return proto.decode_reply(payload, fmt="msgpack")
+        except ValueError as exc:
+            self.status.refuse(ConfigError(f"undecodable deploy message: {exc}"), {"topic": topic})
+            return None
+
+    def _on_control(self, message: Mapping[str, Any]) -> None:
+        op = message.get("op")
+        if op == "begin":
+            self._on_begin(message)
+        elif op == "status":
+            self.status.again()
+        elif op == "commit":
+            self._queue(dict(message))
+        elif op == "rollback":  # a re-sent or replayed order is refused in turn (replay)
+            order, signer = RollbackOrder.verified(message, self.config.trusted)
+            self._queue({**message, "order": order, "signer": signer})
+        else:
+            raise ConfigError(f"unknown deploy op {op!r}")
+
+    def _queue(self, job: dict[str, Any]) -> None:
+        with self._cond:
+            self._jobs.append(job)
+            self._cond.notify_all()
 
     def _on_begin(self, message: Mapping[str, Any]) -> None:
-        deploy_id, name = str(message.get("deploy_id")), message.get("name")
-        manifest_bytes, chunk_bytes = message.get("manifest"), message.get("chunk_bytes")
-        if not isinstance(name, str) or not name or set(name) & set("/+#\0"):
-            raise ConfigError(f"deploy name {name!r} is not a valid topic level")
+        name, manifest_bytes = message.get("name"), message.get("manifest")
+        chunk_bytes = message.get("chunk_bytes")
+        if (
+            not isinstance(name, str)
+            or not name
+            or TOPIC_LEVEL_BAD & set(name)
+            or name == self.staging.folder.name
+        ):
+            raise ConfigError(f"deploy name {name!r} is not a valid topic level (nor 'staging')")
         if not isinstance(manifest_bytes, bytes) or not isinstance(chunk_bytes, int):
             raise ConfigError("a begin message needs 'manifest' bytes and 'chunk_bytes'")
-        if not 1024 <= chunk_bytes <= 16 << 20:
-            raise ConfigError("chunk_bytes must be in 1 KiB .. 16 MiB")
-        signer = self.config.trusted.verify(manifest_bytes, message.get("signature"))
-        try:
-            manifest = Manifest.from_dict(json.loads(manifest_bytes))
-        except (ValueError, TypeError) as exc:
-            raise IntegrityError(f"the signed manifest is not valid JSON: {exc}") from exc
-        total = sum(e.bytes for e in manifest.files.values())
-        if total > self.config.max_package_bytes:
-            raise ConfigError(
-                f"the package has {total} bytes; this bridge takes at most "
-                f"{self.config.max_package_bytes}"
-            )
-        if shutil.disk_usage(self.config.folder).free < total:
-            raise ConfigError(f"not enough disk for {total} bytes under {self.config.folder}")
-        self.staging.open(
-            deploy_id,
-            manifest_bytes=manifest_bytes,
-            signature=dict(message.get("signature") or {}),
-            files=manifest.files,
-            chunk_bytes=chunk_bytes,
+        signature = message.get("signature") or {}
+        release, signer = Release.verified(manifest_bytes, signature, self.config.trusted)
+        manifest = signed_manifest(manifest_bytes)
+        release.check(
+            device_id=self.device_id,
+            compatible=self.config.compatible,
+            name=name,
+            manifest=manifest,
+            max_bytes=self.config.max_package_bytes,
         )
-        self._begin = {
-            "deploy_id": deploy_id,
-            "name": name,
-            "signer": signer,
-            "digest": manifest.digest,
-            "nonce": message.get("nonce"),
-        }
-        self._receiving(round=message.get("round"))
+        self.names.check_floor(name, release)
+        total = sum(e.bytes for e in manifest.files.values())
+        free = shutil.disk_usage(self.config.folder).free
+        if total > free:  # reason "disk", as when a write runs out of space
+            raise OSError(errno.ENOSPC, f"{total} bytes do not fit the {free} free here")
+        deploy_id = f"{name}-{release.release_id}"
+        with self._lock:
+            try:
+                self.staging.open(
+                    deploy_id,
+                    manifest_bytes=manifest_bytes,
+                    signature=dict(signature),
+                    files=manifest.files,
+                    chunk_bytes=chunk_bytes,
+                )
+            except OSError:
+                self.staging.discard()
+                raise
+            self._begin = {
+                "deploy_id": deploy_id,
+                "name": name,
+                "signer": signer,
+                "digest": manifest.digest,
+                "version": release.version,
+                "release": release,
+            }
+        self._receiving(nonce=message.get("nonce"), round=message.get("round"))
 
     def _receiving(self, **extra: Any) -> None:
         missing = self.staging.missing()
-        about = {k: self._begin.get(k) for k in ("deploy_id", "name", "nonce")}
-        self._status(
+        about: dict[str, Any] = {k: self._begin.get(k) for k in ("deploy_id", "name", "version")}
+        self.status.step(
             "receiving",
             **about,
             total=len(self.staging.plan),
@@ -239,28 +256,6 @@ class Deployer:
             missing=missing[:_MAX_MISSING_LISTED],
             **extra,
         )
-
-    def _on_chunk(self, message: Mapping[str, Any]) -> None:
-        deploy_id, index = message.get("deploy_id"), message.get("index")
-        if deploy_id != self.staging.deploy_id or not isinstance(index, int):
-            raise ConfigError(
-                f"chunk for deploy {deploy_id!r}, which is not being received; send 'begin' first"
-            )
-        if not 0 <= index < len(self.staging.plan):
-            raise ConfigError(f"chunk index {index} is outside the plan")
-        ref, raw = self.staging.plan[index], message.get("data")
-        data = raw if isinstance(raw, bytes) else b""
-        digest = hashlib.sha256(data).hexdigest()
-        where = (message.get("file"), message.get("offset"), len(data))
-        if where != (ref.file, ref.offset, ref.size) or digest != message.get("sha256"):
-            self._receiving(
-                refused_chunk=index,
-                message=(
-                    f"chunk {index} refused: its sha256 or place does not match; send it again"
-                ),
-            )
-            return
-        self.staging.write(ref, data, digest)
 
     # -- the deploy thread ---------------------------------------------------------------------
     def _loop(self) -> None:
@@ -270,121 +265,97 @@ class Deployer:
                 if not self._jobs:
                     return
                 job = self._jobs.pop(0)
+            about = {k: job.get(k) for k in ("deploy_id", "nonce", "round")}
             try:
                 if job.get("op") == "commit":
-                    self._commit(str(job.get("deploy_id")), job.get("round"))
+                    self._commit(about)
                 else:
-                    self._rollback(str(job.get("name")), job.get("nonce"), job.get("round"))
+                    self._rollback(job["order"], job["signer"], about)
+            except DeployRefusedError as exc:
+                self.status.refuse(exc, about)
             except Exception as exc:  # the old model keeps serving; say why
-                if isinstance(exc, EdgeInferError):
-                    log.warning("deploy step refused: %s", exc)
-                else:
-                    log.exception("deploy step failed")
-                self._status(
-                    "failed",
-                    round=job.get("round"),
-                    deploy_id=job.get("deploy_id"),
-                    name=job.get("name"),
-                    nonce=job.get("nonce"),
-                    message=f"{getattr(exc, 'code', type(exc).__name__)}: {exc}",
-                )
+                traceback = not isinstance(exc, EdgeInferError)  # a bug: show where
+                log.warning("deploy step failed: %s", exc, exc_info=traceback)
+                self.status.fail(exc, about)
 
-    def _commit(self, deploy_id: str, round_: Any) -> None:
-        if deploy_id == self._activated.get("deploy_id"):  # a redelivered commit: done already
-            self._status("active", **{**self._activated, "round": round_})
+    def _commit(self, about: dict[str, Any]) -> None:
+        if about["deploy_id"] == self._activated:  # a redelivered commit: done already
+            self.status.again()
             return
-        if deploy_id != self.staging.deploy_id:
-            raise ConfigError(f"commit of deploy {deploy_id!r}, which is not being received")
-        if self.staging.missing():
-            self._receiving(
-                round=round_, message="commit before every chunk arrived; send the missing ones"
-            )
+        why = self._ended.get(about["deploy_id"])
+        if why is not None:  # the commit of a deploy a full disk ended: say so
+            self.status.refuse(why, about)
             return
-        begin = {**self._begin, "round": round_}
+        with self._lock:  # seal: from here no chunk or begin touches this package
+            if about["deploy_id"] != self.staging.deploy_id:
+                raise DeployRefusedError(
+                    "not_receiving", f"commit of {about['deploy_id']!r}, not being received"
+                )
+            if self.staging.missing():
+                self._receiving(
+                    nonce=about["nonce"],
+                    round=about["round"],
+                    message="commit before every chunk came; send the missing ones",
+                )
+                return
+            begin = dict(self._begin)
+            self.names.check_floor(begin["name"], begin["release"])
+            target = self.config.folder / begin["name"] / begin["release"].release_id
+            try:
+                shutil.rmtree(target, ignore_errors=True)  # a swap that failed left it
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self.staging.folder.rename(target)
+            finally:
+                self.staging.discard()
+        about.update({k: begin[k] for k in ("name", "digest", "version", "signer")})
+        state = self.names.get(begin["name"])
+        kept = Kept(str(target), begin["digest"], begin["signer"], begin["version"], target.name)
+        new = replace(state, active=kept, previous=state.active, floor_version=kept.version)
+        new.floor_release = kept.release_id
         try:
-            self._status("verifying", **begin)
-            manifest = Manifest.read(self.staging.folder)  # names checked again, on disk
-            manifest.verify(self.staging.folder)
-            model = self._load_checked(self.staging.folder, begin)
-        except EdgeInferError as exc:
-            self.staging.discard()
-            self._status("failed", **begin, message=f"{exc.code}: {exc}")
-            return
-        target = self.config.folder / begin["name"] / manifest.digest[:16]
-        shutil.rmtree(target, ignore_errors=True)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        self.staging.folder.rename(target)
-        self.staging.discard()
-        self._swap(begin["name"], model, self._describe(target, signer=begin["signer"]))
-        self._activated = begin
-        self._status("active", **begin)
+            self.status.step("verifying", **about)
+            Manifest.read(target).verify(target)  # names and sha256 checked again, on disk
+            model = self._load_checked(target, about)
+            self.names.commit(begin["name"], new)
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        self._serve(begin["name"], model, about, "active")
+        self._activated = about["deploy_id"]
 
     def _load_checked(self, folder: Path, about: Mapping[str, Any]) -> ServedModel:
-        self._status("loading", **about)
+        self.status.step("loading", **about)
         model = self.config.loader(folder)  # load() verifies, starts sessions and warms up
-        self._status("smoke_check", **about)
+        self.status.step("smoke_check", **about)
         self.config.smoke_check(model)
         return model
 
-    def _rollback(self, name: str, nonce: Any, round_: Any) -> None:
-        slot = self._slots.get(name)
-        if slot is None or slot.previous is None:
-            raise ConfigError(f"{name!r} has no previous package to roll back to")
-        about = {
-            "name": name,
-            "digest": slot.previous["digest"],
-            "nonce": nonce,
-            "round": round_,
-            "signer": slot.previous.get("signer"),
-        }
-        try:
-            model = self._load_checked(Path(slot.previous["path"]), about)
-        except EdgeInferError as exc:
-            self._status("failed", **about, message=f"rollback refused: {exc.code}: {exc}")
-            return
-        self._swap(name, model, slot.previous, rollback=True)
-        self._status("rolled_back", **about)
+    def _rollback(self, order: RollbackOrder, signer: str, about: dict[str, Any]) -> None:
+        order.check(device_id=self.device_id, compatible=self.config.compatible)
+        state = self.names.get(order.name)
+        if order.issued_ms <= state.rollback_issued_ms:
+            raise DeployRefusedError("replay", "this rollback order (or a later one) was applied")
+        back = state.previous
+        if (
+            back is None
+            or order.digest not in (None, back.digest)
+            or order.version not in (None, back.version)
+        ):
+            raise DeployRefusedError(
+                "no_previous",
+                f"{order.name!r} keeps no previous package {order.digest or order.version}; "
+                f"it keeps {back.digest if back else 'none'}",
+            )
+        about.update(name=order.name, digest=back.digest, version=back.version, signer=signer)
+        model = self._load_checked(Path(back.path), about)
+        new = replace(state, active=back, previous=state.active)
+        new.rollback_issued_ms = order.issued_ms
+        self.names.commit(order.name, new)
+        self._serve(order.name, model, about, "rolled_back")
+        self._activated = None
 
-    def _swap(
-        self, name: str, model: ServedModel, package: dict[str, Any], *, rollback: bool = False
-    ) -> None:
-        """Serve ``name`` with ``model`` from the next request on; keep one previous package."""
-        slot = self._slots.setdefault(name, _Slot())
-        old_active, old_previous = slot.active, slot.previous
-        slot.active, slot.previous = package, old_active
+    def _serve(self, name: str, model: ServedModel, about: Mapping[str, Any], word: str) -> None:
+        """Serve ``model`` for ``name`` from the next request on (its state is durable)."""
         self.models.swap(name, model)
-        if not rollback and old_previous is not None:
-            self._delete_owned(old_previous)
-        (self.config.folder / name).mkdir(parents=True, exist_ok=True)
-        state = {"active": slot.active, "previous": slot.previous}
-        (self.config.folder / name / "state.json").write_text(json.dumps(state, indent=2))
-        self._on_swap()
-
-    def _delete_owned(self, package: Mapping[str, Any]) -> None:
-        """Delete a package folder this deployer wrote (never a folder it was started with)."""
-        path = Path(package["path"]).resolve()
-        if path.is_relative_to(self.config.folder.resolve()) and path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-
-    def _describe(self, path: Path, *, signer: str | None) -> dict[str, Any]:
-        return {"path": str(path), "digest": Manifest.read(path).digest, "signer": signer}
-
-    def _signer_of(self, path: Path) -> str | None:
-        """Who signed a package served from the command line, when a trusted key did."""
-        record = read_signature(path)
-        if record is None:
-            return None
-        try:
-            return self.config.trusted.verify((path / "manifest.json").read_bytes(), record)
-        except EdgeInferError:
-            return None
-
-    def _status(self, state: str, **fields: Any) -> None:
-        status = {
-            "v": proto.PROTOCOL_VERSION,
-            "state": state,
-            **{k: v for k, v in fields.items() if v is not None},
-        }
-        self.last_status = status
-        log.info("deploy: %s", status)
-        self._publish(status)
+        self._on_swap()  # P/D/status first: who sees the deploy status sees it updated
+        self.status.step(word, **about)

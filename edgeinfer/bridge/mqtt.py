@@ -9,8 +9,9 @@ Topics (``P``: topic prefix, ``D``: device id)::
     P/D/MODEL/req      requests (via $share/GROUP/P/D/+/req when scaled out)
     P/D/status         retained JSON {"state": online|offline, "models": {...}}
                        (P/D/status/CLIENT_ID in a shared group)
-    P/D/deploy/req     deploy messages (deploy.py), with a deploy folder and trusted keys
-    P/D/deploy/status  retained JSON: the last deploy step's outcome
+    P/D/ota/ctl        deploy control messages (deploy.py), with a deploy folder and keys
+    P/D/ota/chunk      deploy chunks (each topic has its own size limit)
+    P/D/ota/status     retained JSON: the last deploy step's outcome
     P/D/metrics        periodic JSON statistics
     P/D/errors         error replies for requests that named no reply topic
 """
@@ -79,10 +80,8 @@ class Bridge:
         for name in models:
             if not name or TOPIC_LEVEL_BAD & set(name):
                 raise ConfigError(f"model name {name!r} is not a valid topic level")
-        if deploy is not None and (config.shared_group or "deploy" in models):
-            raise ConfigError(
-                "deploys go to one bridge: not with a shared group, and no model named 'deploy'"
-            )
+        if deploy is not None and config.shared_group:
+            raise ConfigError("deploys go to one bridge: not with a shared group")
         self.config = config
         self._state = _State()
         self._stop = threading.Event()
@@ -104,6 +103,7 @@ class Bridge:
             if deploy is None
             else Deployer(
                 deploy,
+                device_id=config.device_id,
                 models=self.models,
                 origins=origins or {},
                 publish=self._publish_deploy_status,
@@ -133,9 +133,11 @@ class Bridge:
         self.worker.start()
         if self.deployer is not None:
             self.deployer.start()
-        # Deploy chunks are larger than requests: with deploys on, the deployer checks sizes.
-        limit = None if self.deployer is not None else self.config.max_packet_bytes
-        connect_async(self._client, self.config.connection, max_packet_bytes=limit)
+        connect_async(
+            self._client,
+            self.config.connection,
+            max_packet_bytes=self.config.max_packet_bytes(deploys=self.deployer is not None),
+        )
         self._client.loop_start()
         if self.config.metrics_interval_s > 0:
             self._metrics.start()
@@ -238,8 +240,10 @@ class Bridge:
             self.config.connection.broker,
             flags.session_present,
         )
-        # P/D/+/req covers P/D/deploy/req too: one subscription, so each message comes once.
-        client.subscribe(self.config.subscription, qos=self.config.qos)
+        topics = [(self.config.subscription, self.config.qos)]
+        if self.deployer is not None:  # P/D/+/req does not match these (nor a request ACL)
+            topics += [(self.config.ota_control_topic, 1), (self.config.ota_chunk_topic, 1)]
+        client.subscribe(topics)  # one SUBACK: subscribed means every topic is
         self._publish_status()
 
     def _on_subscribe(
@@ -281,8 +285,11 @@ class Bridge:
     def _handle(self, message: MQTTMessage) -> None:
         received_ms = self._clock()
         levels = message.topic.split("/")
-        if self.deployer is not None and levels[-2:] == ["deploy", "req"]:
-            self.deployer.handle(bytes(message.payload))
+        if self.deployer is not None and message.topic == self.config.ota_chunk_topic:
+            self.deployer.handle_chunk(bytes(message.payload))
+            return
+        if self.deployer is not None and message.topic == self.config.ota_control_topic:
+            self.deployer.handle_control(bytes(message.payload))
             return
         props = getattr(message, "properties", None)
         response_topic = getattr(props, "ResponseTopic", None) or None
@@ -342,9 +349,9 @@ class Bridge:
         payload = json.dumps(self.status()).encode()
         self._client.publish(self.config.status_topic, payload, qos=1, retain=True)
 
-    def _publish_deploy_status(self, status: dict[str, Any]) -> None:
+    def _publish_deploy_status(self, status: dict[str, Any], retain: bool) -> None:
         payload = json.dumps({**status, "ts_ms": epoch_ms()}).encode()
-        self._client.publish(f"{self.config.base}/deploy/status", payload, qos=1, retain=True)
+        self._client.publish(self.config.ota_status_topic, payload, qos=1, retain=retain)
 
     def _metrics_loop(self) -> None:
         while not self._stop.wait(self.config.metrics_interval_s):

@@ -1,11 +1,13 @@
-"""The operator's side of a deploy: send a signed package to a device, or roll it back.
+"""The operator's side of a deploy: send a signed release to a device, or roll it back.
 
-``deploy_package`` publishes ``begin`` (the signed manifest), reads from the device's status
-which chunks it still lacks (all of them, or those a broken earlier try did not deliver),
-sends them at QoS 1, each with its sha256, then ``commit``; a status that still lists missing
-chunks (a message lost with a broker) gets those sent again. It returns the final status:
-``active`` or ``failed`` (with the device's reason). Statuses are matched by a nonce sent
-with ``begin``, so an older retained status is never taken for this deploy's.
+``deploy_package`` publishes ``begin`` (the signed manifest and release) on ``P/D/ota/ctl``,
+reads from the device's status which chunks it still lacks (all of them, or those a broken
+earlier try did not deliver), sends them on ``P/D/ota/chunk`` at QoS 1, each with its sha256,
+then ``commit``; a status that still lists missing chunks (a message lost with a broker) gets
+those sent again. It returns the final status: ``active``, ``failed`` or ``refused`` (with the
+device's ``reason``). Statuses are matched by a nonce sent with every message, so an older
+retained status is never taken for this deploy's. ``rollback_package`` sends a signed order
+naming the package to go back to (default: the ``previous`` the device's status reports).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from edgeinfer.bridge import protocol as proto
 from edgeinfer.bridge.connection import Connection, Handshake, connect_async, new_paho_client
-from edgeinfer.bridge.signing import read_signature
-from edgeinfer.bridge.staging import DEFAULT_CHUNK_BYTES, chunk_plan
+from edgeinfer.bridge.release import DEFAULT_ROLLBACK_EXPIRES_S, read_signature, sign_rollback
+from edgeinfer.bridge.staging import DEFAULT_CHUNK_BYTES, MAX_CONTROL_BYTES, chunk_plan
 from edgeinfer.errors import BridgeError, ConfigError, RequestTimeoutError
 from edgeinfer.manifest import MANIFEST_NAME, Manifest
 
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DeployOutcome", "deploy_package", "rollback_package"]
 
-_FINAL = frozenset({"active", "failed", "rolled_back"})
+_FINAL = frozenset({"active", "failed", "refused", "rolled_back"})
 _ANY = frozenset({"receiving", "verifying", "loading", "smoke_check"}) | _FINAL
 # Re-send begin/rollback after this long without any status (the device repeats none twice).
 _RESEND_S = 5.0
@@ -55,12 +57,15 @@ class _Link:
     """A paho client that publishes deploy messages and collects statuses with one nonce."""
 
     def __init__(self, connection: Connection, base: str, nonce: str, timeout_s: float) -> None:
-        self.req, self.status_topic = f"{base}/deploy/req", f"{base}/deploy/status"
+        self.ctl, self.chunks = f"{base}/ota/ctl", f"{base}/ota/chunk"
+        self.status_topic, self.device_topic = f"{base}/ota/status", f"{base}/status"
         self.nonce = nonce
         self.statuses: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.device: queue.Queue[dict[str, Any]] = queue.Queue()  # P/D/status (retained)
         self._handshake = Handshake(connection)
         self.client: PahoClient = new_paho_client(connection)
         self.client.max_inflight_messages_set(16)
+        self._topics = [(self.status_topic, 1), (self.device_topic, 1)]
         self.client.on_connect = self._on_connect
         self.client.on_subscribe = lambda c, u, mid, reasons, p: self._handshake.subscribed(reasons)
         self.client.on_message = self._on_message
@@ -74,18 +79,36 @@ class _Link:
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         if self._handshake.connected(reason):
-            client.subscribe(self.status_topic, qos=1)
+            client.subscribe(self._topics)
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
         try:
             status = json.loads(message.payload)
         except ValueError:
             return
-        if isinstance(status, dict) and status.get("nonce") == self.nonce:
+        if not isinstance(status, dict):
+            return
+        if message.topic == self.device_topic:
+            self.device.put(status)
+        elif status.get("nonce") == self.nonce:
             self.statuses.put(status)
 
-    def send(self, message: dict[str, Any]) -> Any:
-        return self.client.publish(self.req, proto.packb({**message, "nonce": self.nonce}), qos=1)
+    def send(self, message: dict[str, Any], *, topic: str | None = None) -> Any:
+        payload = proto.packb({**message, "nonce": self.nonce})
+        return self.client.publish(topic or self.ctl, payload, qos=1)
+
+    def previous(self, name: str, deadline: float) -> str:
+        """The digest of ``name``'s previous package, as the device's status reports it."""
+        try:
+            status = self.device.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty as exc:
+            raise RequestTimeoutError("the device published no status; is its bridge up?") from exc
+        previous = (status.get("models") or {}).get(name, {}).get("previous")
+        if not previous:
+            raise ConfigError(
+                f"the device reports no previous package for {name!r}: nothing to roll back to"
+            )
+        return str(previous)
 
     def wait(self, states: frozenset[str], deadline: float, round_: int) -> dict[str, Any]:
         """The first status of this nonce and ``round_`` in one of ``states``."""
@@ -130,41 +153,50 @@ def deploy_package(
     timeout_s: float = 600.0,
     max_rounds: int = 5,
 ) -> DeployOutcome:
-    """Send a signed package to ``device_id``'s bridge and wait until it serves it (or not).
+    """Send a signed release to ``device_id``'s bridge and wait until it serves it (or not).
+
+    Args:
+        name: the served name (default: the one the release is signed for).
 
     Raises:
-        ConfigError: the package is not signed, or does not verify here already.
+        ConfigError: the package is not signed as a release, or does not verify here already.
         BrokerAuthError: the broker refused the login (user name, password).
         BrokerUnavailableError, RequestTimeoutError: no broker, or no final status in time.
     """
     package = Path(package)
     manifest_bytes = (package / MANIFEST_NAME).read_bytes()
-    manifest = Manifest.from_dict(json.loads(manifest_bytes))
+    manifest = Manifest.parse(manifest_bytes, source=str(package / MANIFEST_NAME))
     manifest.verify(package)  # never ship a damaged package
     signature = read_signature(package)
-    if signature is None:
-        raise ConfigError(f"{package} is not signed; run `edgeinfer sign {package} --key KEY`")
-    name = name or package.resolve().name
-    deploy_id = f"{name}-{hashlib.sha256(manifest_bytes).hexdigest()[:16]}"
+    if signature is None or not isinstance(signature.get("release"), dict):
+        raise ConfigError(
+            f"{package} is not signed as a release; run "
+            f"`edgeinfer sign {package} --key KEY --device {device_id}`"
+        )
+    begin = {
+        "op": "begin",
+        "name": name or signature["release"].get("name"),
+        "round": 0,
+        "chunk_bytes": chunk_bytes,
+        "manifest": manifest_bytes,
+        "signature": signature,
+    }
+    if len(proto.packb(begin)) + 64 > MAX_CONTROL_BYTES:  # 64: the nonce added on sending
+        raise ConfigError(f"the manifest and signature exceed {MAX_CONTROL_BYTES} bytes")
     plan = chunk_plan(manifest.files, chunk_bytes)
     deadline = time.monotonic() + timeout_s
     link = _Link(connection, f"{topic_prefix}/{device_id}", os.urandom(8).hex(), timeout_s)
     sent = 0
     try:
-        begin = {
-            "op": "begin",
-            "deploy_id": deploy_id,
-            "name": name,
-            "round": 0,
-            "chunk_bytes": chunk_bytes,
-            "manifest": manifest_bytes,
-            "signature": signature,
-        }
         status = link.request(begin, deadline)
+        deploy_id = status.get("deploy_id")
         for round_ in range(1, max_rounds + 1):
             if status["state"] != "receiving":
                 break
-            pending = [link.send(_chunk(package, plan[i], deploy_id)) for i in status["missing"]]
+            pending = [
+                link.send(_chunk(package, plan[i], deploy_id), topic=link.chunks)
+                for i in status["missing"]
+            ]
             sent += len(pending)
             for info in pending:
                 info.wait_for_publish(max(0.1, deadline - time.monotonic()))
@@ -175,7 +207,7 @@ def deploy_package(
         link.close()
 
 
-def _chunk(package: Path, ref: Any, deploy_id: str) -> dict[str, Any]:
+def _chunk(package: Path, ref: Any, deploy_id: Any) -> dict[str, Any]:
     with (package / ref.file).open("rb") as f:
         f.seek(ref.offset)
         data = f.read(ref.size)
@@ -195,15 +227,30 @@ def rollback_package(
     *,
     connection: Connection,
     device_id: str,
+    key: Path,
     topic_prefix: str = "edgeinfer",
+    to_digest: str | None = None,
+    to_version: int | None = None,
+    expires_in_s: float = DEFAULT_ROLLBACK_EXPIRES_S,
     timeout_s: float = 300.0,
 ) -> DeployOutcome:
-    """Ask ``device_id``'s bridge to serve ``name``'s previous package again."""
+    """Make ``device_id``'s bridge serve ``name``'s previous package again, by an order
+    signed with ``key`` naming that package (``to_digest``/``to_version``; default: the
+    previous digest the device's status reports)."""
     link = _Link(connection, f"{topic_prefix}/{device_id}", os.urandom(8).hex(), timeout_s)
     try:
-        rollback = {"op": "rollback", "name": name, "round": 0}
         deadline = time.monotonic() + timeout_s
-        status = link.request(rollback, deadline)
+        if to_digest is None and to_version is None:
+            to_digest = link.previous(name, deadline)
+        order = sign_rollback(
+            key,
+            name=name,
+            devices=[device_id],
+            digest=to_digest,
+            version=to_version,
+            expires_in_s=expires_in_s,
+        )
+        status = link.request({"op": "rollback", "round": 0, **order}, deadline)
         return DeployOutcome(
             status if status["state"] in _FINAL else link.wait(_FINAL, deadline, 0)
         )

@@ -6,6 +6,7 @@ import socket
 from dataclasses import dataclass
 
 from edgeinfer.bridge.connection import Connection
+from edgeinfer.bridge.staging import MAX_CHUNK_BYTES
 from edgeinfer.bridge.values import MAX_TOPIC_BYTES, valid_topic
 from edgeinfer.errors import ConfigError
 
@@ -91,11 +92,15 @@ class BridgeConfig:
                     "only as whole levels, '#' last)"
                 )
 
-    @property
-    def max_packet_bytes(self) -> int:
-        """The largest MQTT packet the bridge takes: a request of ``max_payload_bytes`` with
-        room for its topic and properties (the broker drops larger ones unsent, MQTT v5)."""
-        return self.max_payload_bytes + _PACKET_HEADROOM
+    def max_packet_bytes(self, *, deploys: bool = False) -> int:
+        """The MQTT v5 Maximum Packet Size the bridge announces: the broker drops bigger
+        messages rather than make paho read them whole. A request up to
+        ``max_payload_bytes`` (with ``deploys``, a deploy chunk up to ``MAX_CHUNK_BYTES``)
+        plus room for the topic, properties and a chunk's fields."""
+        largest = (
+            max(self.max_payload_bytes, MAX_CHUNK_BYTES) if deploys else self.max_payload_bytes
+        )
+        return largest + _PACKET_HEADROOM
 
     @property
     def base(self) -> str:
@@ -111,6 +116,22 @@ class BridgeConfig:
         """The bridge's one subscription (every model; unknown ones get ``unknown_model``)."""
         topic = f"{self.base}/+/req"
         return f"$share/{self.shared_group}/{topic}" if self.shared_group else topic
+
+    @property
+    def ota_control_topic(self) -> str:
+        """Deploy control messages (begin, commit, rollback): not matched by ``P/D/+/req``,
+        so a device allowed to send requests is not allowed to deploy."""
+        return f"{self.base}/ota/ctl"
+
+    @property
+    def ota_chunk_topic(self) -> str:
+        """Deploy chunks (their own topic: their own size limit)."""
+        return f"{self.base}/ota/chunk"
+
+    @property
+    def ota_status_topic(self) -> str:
+        """Retained: the outcome of the last deploy step taken."""
+        return f"{self.base}/ota/status"
 
     @property
     def status_topic(self) -> str:

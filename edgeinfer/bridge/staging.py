@@ -2,9 +2,12 @@
 
 A package travels as numbered chunks: its files in name order, each cut every
 ``chunk_bytes`` (``chunk_plan``). The bridge writes each accepted chunk at its offset in
-``ROOT/staging/`` and appends ``index sha256`` to ``ROOT/staging.log``; a deploy that stops
-(either side disconnects, the bridge restarts) resumes with the chunks the log names whose
-bytes still hash right. One staging folder at a time: a new deploy replaces it.
+``ROOT/staging/`` and appends ``index sha256`` to ``ROOT/staging.log``, once per index (a chunk
+already verified is ignored when it comes again, so the log holds at most one line per
+planned chunk); a deploy that stops (either side disconnects, the bridge restarts) resumes
+with the chunks the log names whose bytes still hash right. Nothing outside the plan is
+written: a chunk past the last index or longer than its place is refused. One staging folder
+at a time: a new deploy replaces it.
 """
 
 from __future__ import annotations
@@ -17,12 +20,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.bridge.release import SIGNATURE_NAME
+from edgeinfer.errors import ConfigError, DeployRefusedError, IntegrityError
 from edgeinfer.manifest import MANIFEST_NAME, FileEntry, check_member_name
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "ChunkRef", "Staging", "chunk_plan"]
+__all__ = [
+    "CHUNK_ENVELOPE_BYTES",
+    "DEFAULT_CHUNK_BYTES",
+    "MAX_CHUNK_BYTES",
+    "MAX_CONTROL_BYTES",
+    "MIN_CHUNK_BYTES",
+    "ChunkRef",
+    "Staging",
+    "chunk_plan",
+]
 
 # 256 KiB: far under any broker's message limit, few enough messages for a 100 MB package.
 DEFAULT_CHUNK_BYTES = 256 * 1024
+MIN_CHUNK_BYTES = 1024
+MAX_CHUNK_BYTES = 16 << 20  # what a device buffers for one chunk message at most
+# 256 KiB: a begin carries manifest.json (28 KB for MiniLM with its smoke outputs) and the
+# signature; a control message 10x that is not one.
+MAX_CONTROL_BYTES = 256 * 1024
+# A chunk message's fields besides its data and file name (op, ids, index, offset, sha256,
+# nonce: ~200 bytes in MsgPack), with room to spare.
+CHUNK_ENVELOPE_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -56,6 +78,8 @@ class Staging:
         self.deploy_id: str | None = None
         self.plan: list[ChunkRef] = []
         self.received: set[int] = set()
+        self.max_message_bytes = CHUNK_ENVELOPE_BYTES  # no deploy open: no chunk fits
+        self._open: dict[str, Any] = {}
 
     def open(
         self,
@@ -67,12 +91,16 @@ class Staging:
         chunk_bytes: int,
     ) -> None:
         """Start (or resume, when the same deploy was staged before) assembling a package."""
-        plan = chunk_plan(files, chunk_bytes)
+        if not MIN_CHUNK_BYTES <= chunk_bytes <= MAX_CHUNK_BYTES:
+            raise ConfigError(f"chunk_bytes must be in {MIN_CHUNK_BYTES} .. {MAX_CHUNK_BYTES}")
         meta = {
             "deploy_id": deploy_id,
             "chunk_bytes": chunk_bytes,
             "manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),
         }
+        if meta == self._open:  # a re-sent begin of the deploy under way: nothing to redo
+            return
+        plan = chunk_plan(files, chunk_bytes)
         if self._same(meta):
             self.received = self._verified_log(plan)
         else:
@@ -84,11 +112,13 @@ class Staging:
                 with path.open("wb") as f:
                     f.truncate(entry.bytes)  # sparse until its chunks come
             (self.folder / MANIFEST_NAME).write_bytes(manifest_bytes)
-            (self.folder / "manifest.sig").write_text(json.dumps(dict(signature)))
+            (self.folder / SIGNATURE_NAME).write_text(json.dumps(dict(signature)))
             self._meta.write_text(json.dumps(meta))
             self._log.write_text("")
             self.received = set()
-        self.deploy_id, self.plan = deploy_id, plan
+        self.deploy_id, self.plan, self._open = deploy_id, plan, meta
+        longest_name = max((len(name.encode()) for name in files), default=0)
+        self.max_message_bytes = chunk_bytes + longest_name + CHUNK_ENVELOPE_BYTES
 
     def _same(self, meta: Mapping[str, Any]) -> bool:
         try:
@@ -113,8 +143,41 @@ class Staging:
                     good.add(ref.index)
         return good
 
-    def write(self, ref: ChunkRef, data: bytes, digest: str) -> None:
-        """Write an accepted chunk at its place and log it."""
+    def take(self, message: Mapping[str, Any]) -> bool:
+        """Write a chunk message's data at its place and log it; ``False`` when that chunk
+        was already verified (nothing written or logged).
+
+        Raises:
+            DeployRefusedError: ``not_receiving`` (another deploy) or ``too_large`` (an index
+                past the plan, more bytes than its place holds).
+            IntegrityError: its sha256 or place does not match (send it again).
+        """
+        index, data = message.get("index"), message.get("data")
+        if self.deploy_id is None or message.get("deploy_id") != self.deploy_id:
+            raise DeployRefusedError(
+                "not_receiving",
+                f"chunk for deploy {message.get('deploy_id')!r}, which is not "
+                "being received; send 'begin' first",
+            )
+        if not isinstance(index, int) or not isinstance(data, bytes):
+            raise ConfigError("a chunk needs an int 'index' and bytes 'data'")
+        if not 0 <= index < len(self.plan) or len(data) > self.plan[index].size:
+            raise DeployRefusedError(
+                "too_large", f"chunk {index} ({len(data)} bytes) is outside the signed package"
+            )
+        ref = self.plan[index]
+        if index in self.received:
+            return False
+        digest = hashlib.sha256(data).hexdigest()
+        where = (message.get("file"), message.get("offset"), len(data))
+        if where != (ref.file, ref.offset, ref.size) or digest != message.get("sha256"):
+            raise IntegrityError(
+                f"chunk {index} refused: its sha256 or place does not match; send it again"
+            )
+        self._write(ref, data, digest)
+        return True
+
+    def _write(self, ref: ChunkRef, data: bytes, digest: str) -> None:
         with self._path(ref.file).open("r+b") as f:
             f.seek(ref.offset)
             f.write(data)
@@ -131,4 +194,5 @@ class Staging:
         shutil.rmtree(self.folder, ignore_errors=True)
         for path in (self._log, self._meta):
             path.unlink(missing_ok=True)
-        self.deploy_id, self.plan, self.received = None, [], set()
+        self.deploy_id, self.plan, self.received, self._open = None, [], set(), {}
+        self.max_message_bytes = CHUNK_ENVELOPE_BYTES

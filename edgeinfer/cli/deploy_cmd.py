@@ -1,11 +1,12 @@
 """``edgeinfer deploy PKG`` and ``edgeinfer rollback NAME``: packages to devices over MQTT.
 
-``deploy`` sends a signed package (``edgeinfer sign``) to the bridge of ``--device-id`` in
-chunks (QoS 1, each with its sha256; a second run after a broken one sends only what the
-device lacks) and waits until the device verified, loaded, warmed and smoke-checked it and
-serves it. ``rollback`` makes the device serve the package it served before. Exit 0 when the
-device serves the package, 1 when it refused it (the reason is printed), 2 on a usage or
-connection problem or no answer in time.
+``deploy`` sends a signed release (``edgeinfer sign --device``) to the bridge of
+``--device-id`` in chunks (QoS 1, each with its sha256; a second run after a broken one sends
+only what the device lacks) and waits until the device checked the release (version, device,
+name, target, expiry), verified, loaded, warmed and smoke-checked it and serves it.
+``rollback --key KEY`` sends a signed order to serve the package kept from before. Exit 0
+when the device serves the package, 1 when it refused it (the reason is printed), 2 on a
+usage or connection problem or no answer in time.
 """
 
 from __future__ import annotations
@@ -74,7 +75,10 @@ def _report(outcome: Any, json_out: bool) -> None:
             f"{outcome.status.get('signer')}; {outcome.chunks_sent} chunk(s) sent)"
         )
         return
-    console.print(f"[bold red]refused[/]: {outcome.status.get('message')}")
+    status = outcome.status
+    console.print(
+        f"[bold red]{status.get('state')}[/] ({status.get('reason')}): {status.get('message')}"
+    )
     raise typer.Exit(EXIT_CHECK_FAILED)
 
 
@@ -83,7 +87,8 @@ def deploy(
     device_id: Device,
     broker: Broker = "mqtt://127.0.0.1:1883",
     as_name: Annotated[
-        str | None, typer.Option("--as", help="serve it under this name (default: folder name)")
+        str | None,
+        typer.Option("--as", help="serve it under this name (default: the signed name)"),
     ] = None,
     topic_prefix: Prefix = "edgeinfer",
     chunk_kib: Annotated[int, typer.Option(help="chunk size in KiB")] = 256,
@@ -112,7 +117,17 @@ def deploy(
 def rollback(
     name: Annotated[str, typer.Argument(help="the served name to roll back")],
     device_id: Device,
+    key: Annotated[Path, typer.Option(help="private key that signs the rollback order")],
     broker: Broker = "mqtt://127.0.0.1:1883",
+    to_digest: Annotated[
+        str | None,
+        typer.Option(help="the package to go back to (default: the device's 'previous')"),
+    ] = None,
+    to_version: Annotated[int | None, typer.Option(help="or: its release version")] = None,
+    expires_in_s: Annotated[
+        float,
+        typer.Option(help="the device refuses the order after this long (900: it is sent at once)"),
+    ] = 900.0,
     topic_prefix: Prefix = "edgeinfer",
     username: MqttUsername = None,
     password: MqttPassword = None,
@@ -121,14 +136,18 @@ def rollback(
     timeout_s: Timeout = 300.0,
     json_out: JsonOut = False,
 ) -> None:
-    """Make a device serve NAME's previous package again."""
+    """Make a device serve NAME's previous package again (a signed order)."""
     from edgeinfer.bridge import rollback_package
 
     outcome = rollback_package(
         name,
         connection=_connection(broker, device_id, username, password, password_file, tls_ca),
         device_id=device_id,
+        key=key,
         topic_prefix=topic_prefix,
+        to_digest=to_digest,
+        to_version=to_version,
+        expires_in_s=expires_in_s,
         timeout_s=timeout_s,
     )
     _report(outcome, json_out)

@@ -93,6 +93,14 @@ def serve(
         list[Path] | None,
         typer.Option(help="public key (edgeinfer keygen's .pub) whose deploys are accepted"),
     ] = None,
+    revoked: Annotated[
+        Path | None,
+        typer.Option(help="file of revoked key ids (one a line): their signatures are refused"),
+    ] = None,
+    compatible: Annotated[
+        list[str] | None,
+        typer.Option(help="device class(es) this device takes releases for (sign --compatible)"),
+    ] = None,
 ) -> None:
     """Serve model packages to MQTT devices: request/response with deadlines."""
     import edgeinfer
@@ -139,10 +147,16 @@ def serve(
     deploy = None
     if deploy_dir is not None:
         from edgeinfer.bridge import DeployConfig, TrustedKeys
+        from edgeinfer.bridge.signing import read_revoked
 
         if not trusted_key:
             raise ConfigError("--deploy-dir needs at least one --trusted-key (a .pub file)")
-        deploy = DeployConfig(folder=deploy_dir, trusted=TrustedKeys.load(trusted_key), loader=load)
+        trusted = TrustedKeys.load(
+            trusted_key, revoked=read_revoked(revoked) if revoked else frozenset()
+        )
+        deploy = DeployConfig(
+            folder=deploy_dir, trusted=trusted, loader=load, compatible=tuple(compatible or ())
+        )
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

@@ -1,9 +1,11 @@
-"""``edgeinfer keygen`` and ``edgeinfer sign PKG``: Ed25519 keys and package signatures.
+"""``edgeinfer keygen`` and ``edgeinfer sign PKG``: Ed25519 keys and signed releases.
 
 ``keygen -o keys/release`` writes ``keys/release.key`` (private, mode 0600) and
-``keys/release.pub`` (give it to bridges with ``serve --trusted-key``). ``sign PKG --key
-keys/release.key`` writes ``PKG/manifest.sig``: a signature over ``manifest.json``, which lists
-every file's sha256, so the one signature covers the whole package.
+``keys/release.pub`` (give it to bridges with ``serve --trusted-key``); ``--rotate-from
+OLD.key`` also writes ``STEM.cert``: the new key endorsed by the old one, so bridges that
+trust the old key take the new one. ``sign PKG --key keys/release.key --device plc7`` writes
+``PKG/manifest.sig``: a signature over ``manifest.json`` (which lists every file's sha256) and
+the release metadata: version, devices or class, served name, target, size, expiry.
 """
 
 from __future__ import annotations
@@ -22,31 +24,70 @@ def keygen(
     out: Annotated[
         Path, typer.Option("-o", "--out", help="path stem: writes STEM.key and STEM.pub")
     ],
+    rotate_from: Annotated[
+        Path | None,
+        typer.Option(help="an older private key that endorses the new one (writes STEM.cert)"),
+    ] = None,
     overwrite: Annotated[bool, typer.Option(help="replace existing key files")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Make an Ed25519 key pair for signing packages."""
     from edgeinfer.bridge.signing import generate_keypair
 
-    key, pub, key_id = generate_keypair(out, overwrite=overwrite)
+    key, pub, key_id = generate_keypair(out, overwrite=overwrite, rotate_from=rotate_from)
     if json_out:
         print_json({"private_key": str(key), "public_key": str(pub), "key_id": key_id})
     else:
-        console.print(f"wrote {key} (private: keep it secret) and {pub}; key id {key_id}")
+        endorsed = (
+            f"; endorsed by {rotate_from} in {out.with_suffix('.cert')}" if rotate_from else ""
+        )
+        console.print(f"wrote {key} (private: keep it secret) and {pub}; key id {key_id}{endorsed}")
 
 
 def sign(
     package: Annotated[Path, typer.Argument(help="the package folder to sign")],
     key: Annotated[Path, typer.Option(help="the private key (edgeinfer keygen's .key file)")],
+    device: Annotated[
+        list[str] | None, typer.Option(help="a device id that may take it (repeatable)")
+    ] = None,
+    compatible: Annotated[
+        str | None, typer.Option(help="or: a device class (bridges' serve --compatible)")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option(help="the name it may be served as (default: the manifest's)")
+    ] = None,
+    version: Annotated[
+        int | None,
+        typer.Option(help="above every earlier release of the name (default: now, epoch ms)"),
+    ] = None,
+    expires_in_days: Annotated[
+        float,
+        typer.Option(
+            help="devices refuse the release after this long (30: a staged rollout reaches "
+            "devices that connect weekly; a captured release is stale within a month)"
+        ),
+    ] = 30.0,
     json_out: Annotated[bool, typer.Option("--json", help="print the signature as JSON")] = False,
 ) -> None:
-    """Sign a package's manifest (writes PKG/manifest.sig)."""
-    from edgeinfer.bridge.signing import sign_package
+    """Sign a package as a release for some devices (writes PKG/manifest.sig)."""
+    from edgeinfer.bridge.release import sign_package
     from edgeinfer.manifest import Manifest
 
     Manifest.read(package).verify(package)  # sign only what verifies
-    record = sign_package(package, key)
+    record = sign_package(
+        package,
+        key,
+        devices=device or [],
+        compatible=compatible,
+        name=name,
+        version=version,
+        expires_in_days=expires_in_days,
+    )
     if json_out:
         print_json(record)
     else:
-        console.print(f"signed {package} with key {record['key_id']}")
+        release = record["release"]
+        console.print(
+            f"signed {package} with key {record['key_id']}: {release['name']} version "
+            f"{release['version']} for {release['devices'] or release['compatible']}"
+        )

@@ -115,7 +115,8 @@ def signed_package(minilm_int8: Path, tmp_path_factory: pytest.TempPathFactory) 
     assert main(["keygen", "-o", str(root / "release")]) == 0
     package = root / "minilm"
     shutil.copytree(minilm_int8, package)
-    assert main(["sign", str(package), "--key", str(root / "release.key")]) == 0
+    key = str(root / "release.key")
+    assert main(["sign", str(package), "--key", key, "--device", DEVICE]) == 0
     return package
 
 
@@ -130,7 +131,16 @@ def test_a_refused_login_exits_2_with_broker_auth_at_once(
     args = {
         "request": _request(secure_broker),
         "deploy": ["deploy", str(signed_package), *tls, *device, "--timeout-s", COMMAND_TIMEOUT_S],
-        "rollback": ["rollback", "minilm", *tls, *device, "--timeout-s", COMMAND_TIMEOUT_S],
+        "rollback": [
+            "rollback",
+            "minilm",
+            *tls,
+            *device,
+            "--key",
+            str(signed_package.parent / "release.key"),
+            "--timeout-s",
+            COMMAND_TIMEOUT_S,
+        ],
         "serve": ["serve", str(signed_package), *tls, "--device-id", "cli-intruder"],
     }[command]
     env = (

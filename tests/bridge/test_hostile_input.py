@@ -293,7 +293,7 @@ def test_each_known_trigger_is_answered_and_the_bridge_keeps_serving(
     [
         ("a wildcard", "edgeinfer/clients/x/+"),
         ("the bridge's status topic", f"edgeinfer/{DEVICE}/status"),
-        ("the deploy topic", f"edgeinfer/{DEVICE}/deploy/req"),
+        ("the deploy topic", f"edgeinfer/{DEVICE}/ota/ctl"),
         ("another device's requests", "edgeinfer/dev2/minilm/req"),
         ("a topic outside the reply filters", "factory/actuators/valve-1"),
     ],
@@ -477,7 +477,7 @@ def test_payloads_over_the_limit_are_refused_and_far_over_it_never_arrive(
         reply = device.final(device.publish("minilm", over))
         assert reply["error"]["code"] == proto.PAYLOAD_TOO_LARGE
         received = served.worker.counts["received"]
-        huge = device.publish("minilm", b" " * (config.max_packet_bytes + 1))
+        huge = device.publish("minilm", b" " * (config.max_packet_bytes() + 1))
         device.alive("after the huge one")
         assert served.worker.counts["received"] == received + 1  # only the good request came
         assert device.finals(huge) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from bridge_harness import Harness, Mosquitto
 
 from edgeinfer.bridge import Client, Connection
@@ -132,51 +134,47 @@ def test_serve_with_a_wrong_password_exits_2_without_echoing_it(
 
 
 def test_serve_takes_deploys_only_from_trusted_keys(
-    broker: Mosquitto, minilm_int8: Path, tmp_path: Path
+    broker: Mosquitto, minilm_int8: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``serve --deploy-dir`` wiring: a deploy signed by an untrusted key is refused (exit 1),
-    and --deploy-dir without a --trusted-key is a usage error (exit 2)."""
+    """``serve --deploy-dir`` wiring: a deploy signed by an untrusted key or by a revoked one
+    (``--revoked``) is refused (exit 1), one signed for the device's ``--compatible`` class
+    by a trusted key is served (exit 0), and --deploy-dir without a --trusted-key is a usage
+    error (exit 2)."""
     from edgeinfer.cli import main
 
-    assert main(["keygen", "-o", str(tmp_path / "trusted")]) == 0
-    assert main(["keygen", "-o", str(tmp_path / "other")]) == 0
-    package = tmp_path / "pkg"
-    shutil.copytree(minilm_int8, package)
-    assert main(["sign", str(package), "--key", str(tmp_path / "other.key")]) == 0
-    base = [
-        sys.executable,
-        "-m",
-        "edgeinfer",
-        "serve",
-        str(minilm_int8),
-        "--broker",
-        broker.url,
-        "--device-id",
-        "cli-deploy",
-        "--deploy-dir",
-        str(tmp_path / "deployed"),
-    ]
+    keys = tmp_path / "keys"
+    assert main(["keygen", "-o", str(keys / "trusted")]) == 0
+    assert main(["keygen", "-o", str(keys / "other")]) == 0
+    rotated = ["keygen", "-o", str(keys / "lost"), "--rotate-from", str(keys / "trusted.key")]
+    assert main([*rotated, "--json"]) == 0
+    lost_id = json.loads(capsys.readouterr().out)["key_id"]
+    (tmp_path / "revoked.txt").write_text(f"# the laptop stolen in March\n{lost_id}\n")
+
+    def signed(key: str, version: int) -> Path:
+        package = tmp_path / f"pkg-{key}"
+        shutil.copytree(minilm_int8, package)
+        signing = ["sign", str(package), "--key", str(keys / f"{key}.key")]
+        assert main([*signing, "--compatible", "plc-fleet", "--version", str(version)]) == 0
+        return package
+
+    base = [sys.executable, "-m", "edgeinfer", "serve", str(minilm_int8), "--broker", broker.url]
+    base += ["--device-id", "cli-deploy", "--deploy-dir", str(tmp_path / "deployed")]
     no_key = subprocess.run(base, capture_output=True, text=True, timeout=120)
     assert no_key.returncode == 2 and "--trusted-key" in no_key.stderr
+    base += ["--trusted-key", str(keys / "trusted.pub"), "--revoked", str(tmp_path / "revoked.txt")]
     proc = subprocess.Popen(
-        [*base, "--trusted-key", str(tmp_path / "trusted.pub")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        [*base, "--compatible", "plc-fleet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
+    deploy = ["--broker", broker.url, "--device-id", "cli-deploy", "--timeout-s", "120", "--json"]
     try:
-        code = main(
-            [
-                "deploy",
-                str(package),
-                "--broker",
-                broker.url,
-                "--device-id",
-                "cli-deploy",
-                "--timeout-s",
-                "120",
-            ]
-        )
-        assert code == 1  # refused: the signer is not trusted (the bridge answered)
+        for key, version, code, reason in (
+            ("other", 2, 1, "untrusted"),
+            ("lost", 3, 1, "revoked"),
+            ("trusted", 4, 0, None),
+        ):
+            capsys.readouterr()
+            assert main(["deploy", str(signed(key, version)), *deploy]) == code
+            assert json.loads(capsys.readouterr().out).get("reason") == reason
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
