@@ -30,7 +30,7 @@ import numpy as np
 
 import edgeinfer
 from edgeinfer.config import RuntimeConfig
-from edgeinfer.export.early_exit_calibrate import NEVER_EXIT, LabelledSplit, labelled_split
+from edgeinfer.export.data.topics import NEVER_EXIT, LabelledSplit, labelled_split
 from edgeinfer.export.options import EarlyExitOptions, ExportOptions
 from edgeinfer.export.run import export
 from edgeinfer.manifest import Manifest

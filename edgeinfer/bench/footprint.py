@@ -1,7 +1,7 @@
 """What the runtime costs on a device: the installed size of the distributions it needs and the
 resident memory (RSS) of a process serving a package.
 
-``python -m edgeinfer.footprint PKG`` measures a fresh process that imports the runtime, loads
+``python -m edgeinfer.bench.footprint PKG`` measures a fresh process that imports the runtime, loads
 PKG and answers one request, so the numbers hold no CLI, no test runner and no other model;
 ``edgeinfer inspect PKG --footprint`` runs it. Runtime layer: stdlib plus ``edgeinfer.runtime``
 (numpy, onnxruntime, tokenizers), imported only when a package is measured.
@@ -249,7 +249,7 @@ def measure_serving_in_subprocess(
     Raises:
         InferenceError: the process failed or timed out (its last error line is quoted).
     """
-    command = [python, "-m", "edgeinfer.footprint", str(package), "--json"]
+    command = [python, "-m", "edgeinfer.bench.footprint", str(package), "--json"]
     if threads is not None:
         command += ["--threads", str(threads)]
     try:
@@ -257,7 +257,7 @@ def measure_serving_in_subprocess(
     except subprocess.TimeoutExpired as exc:
         raise InferenceError(
             f"measuring the footprint of {package} took over {timeout_s:.0f} s; "
-            "run `python -m edgeinfer.footprint PKG` to see where it stops"
+            "run `python -m edgeinfer.bench.footprint PKG` to see where it stops"
         ) from exc
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -266,8 +266,10 @@ def measure_serving_in_subprocess(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m edgeinfer.footprint PKG [--threads N] [--json]``; exit 2 on an error."""
-    parser = argparse.ArgumentParser(prog="python -m edgeinfer.footprint", description=__doc__)
+    """``python -m edgeinfer.bench.footprint PKG [--threads N] [--json]``; exit 2 on an error."""
+    parser = argparse.ArgumentParser(
+        prog="python -m edgeinfer.bench.footprint", description=__doc__
+    )
     parser.add_argument("package", help="package folder")
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads")
     parser.add_argument("--json", action="store_true", help="print as JSON")

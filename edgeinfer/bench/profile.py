@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgeinfer.bench.profile_views import chrome_trace
 from edgeinfer.config import BatchConfig, RuntimeConfig
 from edgeinfer.errors import ConfigError, InferenceError
-from edgeinfer.runtime.profile_views import chrome_trace
 
 if TYPE_CHECKING:
-    from edgeinfer.runtime.chat import Prompt
+    from edgeinfer.runtime.generate.chat import Prompt
 
 __all__ = ["WIRES", "Profile", "Stage", "profile"]
 
@@ -105,7 +105,7 @@ class Profile:
 
     def write_flame(self, path: Path) -> None:
         """Write a flame-style PNG of the breakdown to ``path`` (needs matplotlib)."""
-        from edgeinfer.runtime.profile_views import write_flame
+        from edgeinfer.bench.profile_views import write_flame
 
         write_flame(self.to_dict(), path)
 
@@ -354,7 +354,7 @@ def _breakdown(
 
 
 def _detail(result: Any) -> dict[str, Any]:
-    from edgeinfer.runtime.streaming import GenerationResult
+    from edgeinfer.runtime.generate.streaming import GenerationResult
 
     if isinstance(result, _Reply):
         return _detail(result.result)

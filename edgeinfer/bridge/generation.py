@@ -29,7 +29,7 @@ from edgeinfer.bridge.replies import DedupStore, Stored
 from edgeinfer.bridge.serving import ModelTable
 from edgeinfer.config import SamplingConfig
 from edgeinfer.errors import ConfigError, EdgeInferError, InputError
-from edgeinfer.runtime.streaming import first_stop, held_back
+from edgeinfer.runtime.generate.streaming import first_stop, held_back
 
 __all__ = ["GenerationLane"]
 

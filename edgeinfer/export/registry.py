@@ -4,16 +4,16 @@ builder its files call for. Adding a model of a known kind is a recipe, not code
 from __future__ import annotations
 
 from edgeinfer.errors import ConfigError
-from edgeinfer.export import convert
-from edgeinfer.export.builders.base import Builder
-from edgeinfer.export.builders.decoder import DecoderBuilder
-from edgeinfer.export.builders.encoder import EncoderBuilder
-from edgeinfer.export.builders.exit_cnn import ExitCnnBuilder
-from edgeinfer.export.builders.exit_heads import ExitHeadsBuilder
-from edgeinfer.export.builders.onnx_file import OnnxFileBuilder, detect_task
-from edgeinfer.export.builders.vision import VisionBuilder
+from edgeinfer.export.builder import Builder
+from edgeinfer.export.decoder.builder import DecoderBuilder
+from edgeinfer.export.early_exit.cnn import ExitCnnBuilder
+from edgeinfer.export.early_exit.text import ExitHeadsBuilder
+from edgeinfer.export.encoder.builder import EncoderBuilder
+from edgeinfer.export.onnx_file.builder import OnnxFileBuilder, detect_task
 from edgeinfer.export.options import EarlyExitOptions, ExportOptions
+from edgeinfer.export.passes import convert
 from edgeinfer.export.source import Source
+from edgeinfer.export.vision.builder import VisionBuilder
 
 __all__ = ["BUILDERS", "Builder", "select"]
 

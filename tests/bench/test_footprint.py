@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeinfer import footprint
+from edgeinfer.bench import footprint
 from edgeinfer.errors import InferenceError
 
 FORBIDDEN = {"torch", "transformers", "optimum", "onnx", "optimum-onnx"}
@@ -68,7 +68,7 @@ def test_memory_usage_sees_memory_this_process_touches() -> None:
     # A fresh process: in a long test session a freed heap may hand back pages already resident.
     script = (
         "import json, numpy as np\n"
-        "from edgeinfer import footprint\n"
+        "from edgeinfer.bench import footprint\n"
         "before = footprint.memory_usage()\n"
         "block = np.ones(64 * 1024 * 1024, dtype=np.uint8)  # 64 MiB, every page written\n"
         "after = footprint.memory_usage()\n"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from edgeinfer.bench.profile import profile
 from edgeinfer.cli import main
 from edgeinfer.errors import ConfigError
-from edgeinfer.runtime.profile import profile
 
 
 def test_profile_of_an_embedding_request(
@@ -94,7 +94,7 @@ def test_profile_of_a_photo_as_the_bridge_gets_it(effnet_fp32: Path, tmp_path: P
 
 
 def test_flame_labels_are_cut_to_their_bars() -> None:
-    from edgeinfer.runtime.profile_views import _fit
+    from edgeinfer.bench.profile_views import _fit
 
     label, name = "SkipLayerNormalization 0.51 ms", "SkipLayerNormalization"
     assert _fit(label, name, 40) == label

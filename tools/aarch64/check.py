@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer import footprint
+from edgeinfer.bench import footprint
 from edgeinfer.manifest import Manifest
 
 HERE = Path(__file__).resolve().parent

@@ -28,7 +28,7 @@ import numpy as np
 
 from edgeinfer.errors import ConfigError, MissingDependencyError
 from edgeinfer.package_io import ImageSpec
-from edgeinfer.runtime.images import fit, pil
+from edgeinfer.runtime.pictures import fit, pil
 
 __all__ = ["ImageSplit", "builtin_images", "photos", "read_images", "split_images"]
 

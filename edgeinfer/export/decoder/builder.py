@@ -16,10 +16,13 @@ import numpy as np
 
 from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import ConfigError
-from edgeinfer.export import calibrate, decoder_graph, lm, package
-from edgeinfer.export.builders.base import Builder
+from edgeinfer.export import package
+from edgeinfer.export.builder import Builder
 from edgeinfer.export.context import Candidate, Quality
-from edgeinfer.export.decoder_variants import DEFAULT_VARIANTS, GATES, VARIANTS
+from edgeinfer.export.data.text import builtin_text, read_text_file
+from edgeinfer.export.decoder import lm
+from edgeinfer.export.decoder.graph import DecoderGeometry, build_graph, io_fields
+from edgeinfer.export.decoder.variants import DEFAULT_VARIANTS, GATES, VARIANTS
 from edgeinfer.export.options import DecoderOptions
 from edgeinfer.package_io import DecoderIO
 
@@ -53,7 +56,7 @@ def _session(graph: Path, threads: int | None) -> Any:
 
 def _generator(folder: Path, threads: int | None, context_length: int) -> Any:
     from edgeinfer.manifest import Manifest
-    from edgeinfer.runtime.generate import Generator
+    from edgeinfer.runtime.generate.generator import Generator
 
     return Generator(
         folder,
@@ -118,12 +121,12 @@ class DecoderBuilder(Builder):
         context = min(source.max_seq_len, wanted)
         with run.stage("convert"):
             model = lm.load_decoder(source)
-            geo = decoder_graph.DecoderGeometry.from_config(source.config, context_length=context)
+            geo = DecoderGeometry.from_config(source.config, context_length=context)
             context = geo.context_length  # rope scaling may stop a package at the original length
             self.context = context
             raw_graph = work / "fp32.onnx"
             self.kv_dtype = opts.kv_dtype if opts else "float32"
-            decoder_graph.build_graph(lm.state_numpy(model), geo, raw_graph, kv_dtype=self.kv_dtype)
+            build_graph(lm.state_numpy(model), geo, raw_graph, kv_dtype=self.kv_dtype)
             fp32_files = package.externalize(raw_graph, work / "variants" / "fp32")
             fp32_graph = fp32_files[package.GRAPH_NAME]
             self.tok_info = lm.prepare_decoder_tokenizer(source, self.tokenizer)
@@ -160,9 +163,9 @@ class DecoderBuilder(Builder):
 
         opts = self.run.options
         texts = (
-            calibrate.read_text_file(opts.eval_data)
+            read_text_file(opts.eval_data)
             if opts.eval_data
-            else calibrate.builtin_text("held", min(opts.held_count, MAX_HELD_TEXTS))
+            else builtin_text("held", min(opts.held_count, MAX_HELD_TEXTS))
         )
         tok = Tokenizer.from_file(str(self.tokenizer))
         info = self.tok_info
@@ -173,9 +176,9 @@ class DecoderBuilder(Builder):
         ]
         return [ids for ids in held if len(ids) > 1]
 
-    def _io(self, graph: Path, geo: decoder_graph.DecoderGeometry, context: int) -> DecoderIO:
+    def _io(self, graph: Path, geo: DecoderGeometry, context: int) -> DecoderIO:
         inputs, outputs = package.read_io(graph)
-        fields = decoder_graph.io_fields(geo, kv_dtype=self.kv_dtype)
+        fields = io_fields(geo, kv_dtype=self.kv_dtype)
         return DecoderIO(
             graph=package.GRAPH_NAME,
             tokenizer=package.TOKENIZER_NAME,

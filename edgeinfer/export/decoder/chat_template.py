@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from edgeinfer.errors import ConversionError, InputError
-from edgeinfer.runtime.chat import render_chat, render_jinja
+from edgeinfer.runtime.generate.chat import render_chat, render_jinja
 
 __all__ = ["PROBES", "Renderer", "chat_format", "transformers_renderer"]
 

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.errors import ConversionError
-from edgeinfer.export.decoder_families import (
+from edgeinfer.export.decoder.families import (
     SUPPORTED_FAMILIES,
     DecoderGeometry,
     canonical_state,

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.errors import ConversionError, ParityError
-from edgeinfer.export.chat_template import chat_format
-from edgeinfer.export.gguf_tokenizer import gguf_tokenizer
+from edgeinfer.export.decoder.chat_template import chat_format
+from edgeinfer.export.decoder.gguf_tokenizer import gguf_tokenizer
 from edgeinfer.export.source import Source
 from edgeinfer.package_io import DecoderIO
 

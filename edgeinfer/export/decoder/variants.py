@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.export import decoder_embed, decoder_head, package, quantize
+from edgeinfer.export import package
+from edgeinfer.export.decoder.embed import quantize_embedding
+from edgeinfer.export.decoder.head import refine_head
+from edgeinfer.export.passes import quantize
 
 __all__ = ["DEFAULT_VARIANTS", "GATES", "VARIANTS", "Gate", "Variant", "layer_matmuls"]
 
@@ -99,7 +102,7 @@ def _int8_rest(fp32: Path, out: Path) -> None:
     quantize.quantize_weight_only(fp32, out, bits=8)  # every MatMul still in fp32
 
 
-_EMBED, _REFINE = decoder_embed.quantize_embedding, decoder_head.refine_head
+_EMBED, _REFINE = quantize_embedding, refine_head
 _SHARED = {"embedding": "int8 blocks of the head", "lm_head_refined_top": 16}
 
 

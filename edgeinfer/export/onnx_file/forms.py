@@ -17,11 +17,17 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.errors import ConfigError
-from edgeinfer.export import calibrate, convert, images, package, preprocessing, tensors
+from edgeinfer.export import package
 from edgeinfer.export.context import ExportContext
-from edgeinfer.export.onnx_graph import state_pairs
+from edgeinfer.export.data import tensors
+from edgeinfer.export.data.photos import builtin_images, read_images, split_images
+from edgeinfer.export.data.text import builtin_text, read_text_file, split_texts, text_feeds
+from edgeinfer.export.labels import default_labels, read_labels
+from edgeinfer.export.onnx_file.user_graph import state_pairs
 from edgeinfer.export.options import OnnxFileOptions
-from edgeinfer.export.validate import Accuracy, agreement, compare, relative_error, run_model
+from edgeinfer.export.passes import convert
+from edgeinfer.export.passes.validate import Accuracy, agreement, compare, relative_error, run_model
+from edgeinfer.export.vision.preprocessing import spec_from_processor, spec_from_table
 from edgeinfer.package_io import (
     ImageClassifierIO,
     ImageSpec,
@@ -64,12 +70,12 @@ class Form(abc.ABC):
         """--labels, the recipe's list, the folder's labels.txt, its config, else LABEL_i."""
         source, recipe = self.run.source, self.run.source.recipe
         if self.options.labels is not None:
-            return preprocessing.read_labels(self.options.labels, count=count)
+            return read_labels(self.options.labels, count=count)
         if recipe is not None and recipe.onnx.get("labels"):
-            return preprocessing.read_labels(recipe.resource(recipe.onnx["labels"]), count=count)
+            return read_labels(recipe.resource(recipe.onnx["labels"]), count=count)
         if (source.path / "labels.txt").is_file():
-            return preprocessing.read_labels(source.path / "labels.txt", count=count)
-        return preprocessing.default_labels(source.config, count)
+            return read_labels(source.path / "labels.txt", count=count)
+        return default_labels(source.config, count)
 
     @abc.abstractmethod
     def load(self) -> None:
@@ -114,22 +120,20 @@ class ImageForm(Form):
         self.spec = self._spec()
         rotate = bool(run.source.recipe and run.source.recipe.data.get("views") == "rotated")
         user = self._user_calibration()
-        own = images.read_images(user, size=self.spec) if user else None
+        own = read_images(user, size=self.spec) if user else None
         if opts.eval_data:
-            self.held = images.read_images(opts.eval_data, size=self.spec)
+            self.held = read_images(opts.eval_data, size=self.spec)
         elif own is not None:
-            own, self.held = images.split_images(own)
+            own, self.held = split_images(own)
             self.eval_name = f"{user} (held part)"
         else:
-            self.held = images.builtin_images(
-                "gate", opts.held_count, size=self.spec, rotate=rotate
-            )
+            self.held = builtin_images("gate", opts.held_count, size=self.spec, rotate=rotate)
             self.eval_name = "builtin:photo-views" + ("-rotated" if rotate else "")
         count = run.quant.calibration_size
         self.calibration = (
             own
             if own is not None
-            else images.builtin_images("calibration", count, size=self.spec, rotate=rotate)
+            else builtin_images("calibration", count, size=self.spec, rotate=rotate)
         )
         self.labels = self._labels(_classes(self.outputs) or 0)
 
@@ -139,7 +143,7 @@ class ImageForm(Form):
         table = dict(recipe.onnx.get("image", {})) if recipe else {}
         processor = source.path / "preprocessor_config.json"
         if not table and processor.is_file():
-            return preprocessing.spec_from_processor(processor)
+            return spec_from_processor(processor)
         height, width = shape[2], shape[3]
         if not (isinstance(height, int) and isinstance(width, int) and height and width):
             raise ConfigError(
@@ -151,7 +155,7 @@ class ImageForm(Form):
                 "no preprocessor_config.json beside the graph: images are normalized with "
                 "ImageNet's mean and std (docs/onnx.md says how to set yours)"
             )
-        return preprocessing.spec_from_table(table, height=height, width=width)
+        return spec_from_table(table, height=height, width=width)
 
     def io(self, graph: Path) -> PackageIO:
         inputs, outputs = package.read_io(graph)
@@ -197,16 +201,16 @@ class TextForm(Form):
         self.tokens = convert.prepare_tokenizer(source, self.tokenizer)
         self.files = {package.TOKENIZER_NAME: self.tokenizer}
         user = self._user_calibration()
-        own = calibrate.read_text_file(user) if user else None
+        own = read_text_file(user) if user else None
         if opts.eval_data:
-            self.held = calibrate.read_text_file(opts.eval_data)
+            self.held = read_text_file(opts.eval_data)
         elif own is not None:
-            own, self.held = calibrate.split_texts(own)
+            own, self.held = split_texts(own)
             self.eval_name = f"{user} (held part)"
         else:
-            self.held = calibrate.builtin_text("held", opts.held_count)
+            self.held = builtin_text("held", opts.held_count)
             self.eval_name = "builtin:bbc-news-held"
-        self.calibration = own or calibrate.builtin_text("calibration", run.quant.calibration_size)
+        self.calibration = own or builtin_text("calibration", run.quant.calibration_size)
         if run.task == "classify":
             self.labels = self._labels(_classes(self.outputs) or 0)
 
@@ -246,7 +250,7 @@ class TextForm(Form):
         return accuracy, {}, f"{accuracy.count} held texts"
 
     def calibration_feeds(self, graph: Path, staged: Path) -> list[dict[str, np.ndarray]]:
-        return calibrate.text_feeds(staged, self.calibration)
+        return text_feeds(staged, self.calibration)
 
     def probe(self, model: Model) -> Callable[[], object]:
         texts = self.held[:_PROBE_ITEMS]

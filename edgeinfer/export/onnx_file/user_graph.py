@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from edgeinfer.errors import ConfigError
-from edgeinfer.export import ort_compat
+from edgeinfer.export.passes import ort_compat
 from edgeinfer.package_io import TensorSpec
 
 __all__ = ["InputForm", "check", "input_form", "metadata", "optimize", "state_pairs"]

@@ -14,7 +14,8 @@ import numpy as np
 
 from edgeinfer.config import QuantConfig
 from edgeinfer.errors import ConfigError
-from edgeinfer.export import ort_compat, package
+from edgeinfer.export import package
+from edgeinfer.export.passes import ort_compat
 
 __all__ = [
     "convert_fp16",

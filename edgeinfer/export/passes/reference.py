@@ -87,8 +87,8 @@ def hf_generate_speed(
     import torch
     from tokenizers import Tokenizer
 
-    from edgeinfer.export.lm import load_decoder, prepare_decoder_tokenizer
-    from edgeinfer.runtime.chat import render_chat
+    from edgeinfer.export.decoder.lm import load_decoder, prepare_decoder_tokenizer
+    from edgeinfer.runtime.generate.chat import render_chat
 
     torch.set_num_threads(threads)
     src = resolve_source(source)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.config import RuntimeConfig
-from edgeinfer.export.reference import TorchReference
+from edgeinfer.export.passes.reference import TorchReference
 from edgeinfer.export.source import Source
 from edgeinfer.package_io import ExitSegmentsIO, ImageClassifierIO, TextClassifierIO
 from edgeinfer.runtime import Model, load

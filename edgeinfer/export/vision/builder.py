@@ -4,7 +4,7 @@ preprocessor_config.json).
 
 PyTorch -> fp32 ONNX (parity-checked) -> onnxruntime's pre-processing -> int8 (static QDQ,
 calibrated on images; or dynamic) or fp16 -> top-1 agreement with PyTorch fp32 on the built-in
-image views (``images.py``), resized as the package's ``ImageSpec`` says. See docs/vision.md
+image views (``data/photos.py``), resized as the package's ``ImageSpec`` says. See docs/vision.md
 and docs/targets.md.
 """
 
@@ -20,16 +20,20 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.errors import ConfigError, MissingDependencyError, ParityError
-from edgeinfer.export import images, ort_compat, package, preprocessing, quantize
-from edgeinfer.export.builders.base import Builder
+from edgeinfer.export import package
+from edgeinfer.export.builder import Builder
 from edgeinfer.export.context import Candidate, Quality
-from edgeinfer.export.validate import (
+from edgeinfer.export.data.photos import builtin_images, read_images
+from edgeinfer.export.labels import default_labels, read_labels
+from edgeinfer.export.passes import ort_compat, quantize
+from edgeinfer.export.passes.validate import (
     DECIDED_MARGIN,
     Accuracy,
     agreement,
     load_candidate,
     run_model,
 )
+from edgeinfer.export.vision.preprocessing import spec_from_processor, spec_from_table
 from edgeinfer.package_io import ImageClassifierIO
 from edgeinfer.runtime.tasks import prepare_images
 
@@ -61,17 +65,17 @@ class VisionBuilder(Builder):
         if recipe is not None and recipe.vision:
             self.spec: dict[str, Any] = dict(recipe.vision)
             size = int(self.spec["image_size"])
-            self.image = preprocessing.spec_from_table(self.spec, height=size, width=size)
+            self.image = spec_from_table(self.spec, height=size, width=size)
         elif recipe is None and source.config:
             self.spec = {}
             processor = source.path / "preprocessor_config.json"
-            self.image = preprocessing.spec_from_processor(processor)
+            self.image = spec_from_processor(processor)
         else:
             raise ConfigError(f"{source.name} has no [vision] section in its recipe")
         self.views = (
-            images.read_images(opts.eval_data, size=self.image)
+            read_images(opts.eval_data, size=self.image)
             if opts.eval_data
-            else images.builtin_images("gate", opts.held_count, size=self.image)
+            else builtin_images("gate", opts.held_count, size=self.image)
         )
         with run.stage("convert"):
             model = self._torch_model()
@@ -160,9 +164,9 @@ class VisionBuilder(Builder):
             quantize.quantize_dynamic_cnn(fp32_graph, graph, quant)
         else:
             calib = (
-                images.read_images(opts.calibration, size=self.image)
+                read_images(opts.calibration, size=self.image)
                 if opts.calibration and str(opts.calibration) != "builtin"
-                else images.builtin_images("calibration", quant.calibration_size, size=self.image)
+                else builtin_images("calibration", quant.calibration_size, size=self.image)
             )
             run.quant = quant = replace(quant, calibration_size=len(calib))
             feeds = [{"pixel_values": self._pixels(view[None])} for view in calib]
@@ -206,8 +210,8 @@ class VisionBuilder(Builder):
         """The recipe's labels file, else the config's id2label, else LABEL_i."""
         recipe = self.run.source.recipe
         if recipe is not None and self.spec.get("labels"):
-            return preprocessing.read_labels(recipe.resource(self.spec["labels"]), count=count)
-        return preprocessing.default_labels(self.run.source.config, count)
+            return read_labels(recipe.resource(self.spec["labels"]), count=count)
+        return default_labels(self.run.source.config, count)
 
     def _evaluate(self, candidate: Candidate) -> tuple[Accuracy, float]:
         with load_candidate(self.run.stage_candidate(candidate), self.run.threads) as model:

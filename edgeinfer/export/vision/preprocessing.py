@@ -1,14 +1,13 @@
-"""How an image package resizes and normalizes pictures (``ImageSpec``), and its labels: from
-a recipe's table, a Hugging Face ``preprocessor_config.json`` or a model's config.
+"""How an image package resizes and normalizes pictures (``ImageSpec``): from a recipe's
+table or a Hugging Face ``preprocessor_config.json``.
 
 Every form ends as one ``ImageSpec`` in the manifest, so the device repeats exactly what the
-export's gate measured (``runtime.images``).
+export's gate measured (``runtime/pictures.py``).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +17,9 @@ from edgeinfer.package_io import ImageSpec
 __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
-    "default_labels",
-    "read_labels",
     "spec_from_processor",
     "spec_from_table",
 ]
-
-log = logging.getLogger(__name__)
 
 # ImageNet's channel statistics on 0-255 values (torchvision's, most image models').
 IMAGENET_MEAN = (123.675, 116.28, 103.53)
@@ -110,29 +105,3 @@ def spec_from_processor(path: Path) -> ImageSpec:
         shorter_side=shorter,
         interpolation=_RESAMPLE.get(int(config.get("resample", 2)), "bilinear"),  # type: ignore[arg-type]
     )
-
-
-def read_labels(path: Path, *, count: int | None) -> tuple[str, ...]:
-    """Class names, one per line, in output order; ``count`` (the graph's classes) must match."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ConfigError(f"cannot read labels {path}: {exc}") from exc
-    labels = tuple(line.strip() for line in lines if line.strip())
-    if not labels:
-        raise ConfigError(f"{path} holds no labels (one class name per line)")
-    if count is not None and len(labels) != count:
-        raise ConfigError(f"{path} holds {len(labels)} labels, but the model has {count} classes")
-    if len(set(labels)) != len(labels):
-        raise ConfigError(f"{path} names a class twice; every label must be unique")
-    return labels
-
-
-def default_labels(config: dict[str, Any], count: int) -> tuple[str, ...]:
-    """The config's ``id2label`` when it names every class, else ``LABEL_0`` ... (what
-    transformers calls classes without names)."""
-    id2label = config.get("id2label") or {}
-    names = [id2label.get(str(i), id2label.get(i)) for i in range(count)]
-    if all(isinstance(n, str) for n in names) and len(set(names)) == count:
-        return tuple(str(n) for n in names)
-    return tuple(f"LABEL_{i}" for i in range(count))

@@ -24,7 +24,7 @@ from edgeinfer.config import CacheConfig
 from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import TextEncoderIO
-from edgeinfer.runtime.result_stores import (
+from edgeinfer.runtime.cache.stores import (
     MemoryStore,
     SqliteStore,
 )

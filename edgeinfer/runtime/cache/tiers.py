@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.runtime.result_cache import ResultCache
-from edgeinfer.runtime.semantic_cache import SemanticCache
+from edgeinfer.runtime.cache.results import ResultCache
+from edgeinfer.runtime.cache.semantic import SemanticCache
 
 __all__ = ["Answer", "Caches", "Lookup", "Value"]
 

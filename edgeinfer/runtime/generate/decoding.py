@@ -25,9 +25,9 @@ from edgeinfer.errors import ConfigError, ContextLengthExceededError, InferenceE
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import DecoderIO
 from edgeinfer.runtime import memory
-from edgeinfer.runtime.kvcache import KVCache, device_for
-from edgeinfer.runtime.lookup import PromptLookup, accept_greedy
-from edgeinfer.runtime.sampling import Sampler
+from edgeinfer.runtime.generate.kvcache import KVCache, device_for
+from edgeinfer.runtime.generate.lookup import PromptLookup, accept_greedy
+from edgeinfer.runtime.generate.sampling import Sampler
 from edgeinfer.runtime.session import session_options
 
 __all__ = ["Decoder"]

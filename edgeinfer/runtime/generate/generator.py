@@ -15,10 +15,16 @@ from edgeinfer.config import PrefixCacheConfig, RuntimeConfig, SamplingConfig
 from edgeinfer.errors import ContextLengthExceededError, InputError, PackageError
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import DecoderIO
-from edgeinfer.runtime import memory, prefix_store
-from edgeinfer.runtime.chat import Prompt, render_chat
-from edgeinfer.runtime.decoding import Decoder
-from edgeinfer.runtime.streaming import GenerationResult, StreamState, TextChunk, TextStream
+from edgeinfer.runtime import memory
+from edgeinfer.runtime.generate import prefix_store
+from edgeinfer.runtime.generate.chat import Prompt, render_chat
+from edgeinfer.runtime.generate.decoding import Decoder
+from edgeinfer.runtime.generate.streaming import (
+    GenerationResult,
+    StreamState,
+    TextChunk,
+    TextStream,
+)
 
 __all__ = ["Generator"]
 

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.package_io import DecoderIO
-from edgeinfer.runtime.chat import Prompt, fill_message
-from edgeinfer.runtime.kvcache import KVCache
+from edgeinfer.runtime.generate.chat import Prompt, fill_message
+from edgeinfer.runtime.generate.kvcache import KVCache
 
 __all__ = ["PrefixStore", "restore", "save", "system_text"]
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.export import validate
 from edgeinfer.export.context import Candidate, ExportContext
+from edgeinfer.export.passes import validate
 
 __all__ = ["fastest", "front", "measure", "plot", "probe_sets"]
 

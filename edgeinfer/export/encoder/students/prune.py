@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from edgeinfer.errors import ConfigError
-from edgeinfer.export.distill import Batch, encoder_layers
+from edgeinfer.export.encoder.students.distill import Batch, encoder_layers
 
 __all__ = ["importance", "prune"]
 
