@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar
 
 from edgeinfer.errors import ConfigError
-from edgeinfer.export.context import Candidate, ExportContext
+from edgeinfer.export import package
+from edgeinfer.export.context import Candidate, ExportContext, Quality
+from edgeinfer.export.passes.validate import Accuracy
+from edgeinfer.package_io import PackageIO
 
-__all__ = ["Builder"]
+__all__ = ["Builder", "GraphBuilder"]
 
 
 class Builder(abc.ABC):
-    """One way of exporting a kind of model (registered by ``name`` in ``builders``).
+    """One way of exporting a kind of model (registered by ``name`` in ``registry.py``).
 
     Class attributes:
         name: the registry name recipes use.
@@ -66,3 +70,54 @@ class Builder(abc.ABC):
     @abc.abstractmethod
     def smoke_inputs(self, chosen: Candidate) -> list[Any]:
         """A few held inputs (texts, images or prompts) for the package's smoke check."""
+
+
+class GraphBuilder(Builder):
+    """A builder whose every candidate is one graph (the package's ``model.onnx``) beside the
+    same files: the encoder, vision and onnx-file builders. A subclass says what a graph's
+    package io is and fills ``side_files`` (package name -> built file, e.g. the tokenizer),
+    ``tokens`` and ``extra`` (manifest fields) before it makes candidates."""
+
+    def __init__(self, run: ExportContext) -> None:
+        super().__init__(run)
+        self.side_files: dict[str, Path] = {}
+        self.tokens: dict[str, int | None] = {}
+        self.extra: dict[str, Any] = {}
+
+    @abc.abstractmethod
+    def graph_io(self, graph: Path) -> PackageIO:
+        """The package io of a candidate whose graph is ``graph``."""
+
+    def candidate(
+        self,
+        name: str,
+        graph: Path,
+        precision: str,
+        *,
+        requested: bool = False,
+        quantization: dict[str, Any] | None = None,
+    ) -> Candidate:
+        """Candidate ``name``: ``graph`` as the package's graph, beside ``side_files``."""
+        return Candidate(
+            name=name,
+            precision=precision,
+            files={package.GRAPH_NAME: graph, **self.side_files},
+            io=self.graph_io(graph),
+            quantization=quantization or {"mode": "none"},
+            tokens=dict(self.tokens),
+            extra=dict(self.extra),
+            requested=requested,
+        )
+
+    def gate(self, candidate: Candidate, accuracy: Accuracy, summary: str, **details: Any) -> None:
+        """Record ``candidate``'s quality: ``accuracy`` against the run's budget, with
+        ``summary`` for messages and ``details`` beside the accuracy's in the report."""
+        loss = self.run.max_accuracy_loss
+        quality = Quality(
+            metric=accuracy.metric,
+            passed=accuracy.passes(loss),
+            score=accuracy.mean,
+            summary=summary,
+            details={**accuracy.to_dict(loss), **details},
+        )
+        self.run.measured(candidate, quality)

@@ -13,7 +13,7 @@ Calibration and gate use **different photos** (``_PHOTOS``), so the gate never m
 scene the quantizer saw. Each split is a fixed, seeded list of square views across scale and
 position — the whole scene first, then crops of ``_CROP_RANGE`` of the shorter side anywhere in
 it, half of them mirrored — resized and cropped as the package's ``ImageSpec`` says (the same
-code the runtime runs: ``runtime.images.fit``). With ``rotate``, view i is turned by i x 90
+code the runtime runs: ``runtime.pictures.fit``). With ``rotate``, view i is turned by i x 90
 degrees (orientation classifiers). Nothing here has a label: the gate measures agreement with
 the fp32 model, not accuracy (docs/vision.md).
 """

@@ -1,5 +1,5 @@
-"""Decoders for generation: source -> fp32 graph (``decoder_graph``) -> parity with PyTorch ->
-quantized variants (``decoder_variants``) -> quality (perplexity, next-token agreement vs the
+"""Decoders for generation: source -> fp32 graph (``graph.py``) -> parity with PyTorch ->
+quantized variants (``variants.py``) -> quality (perplexity, next-token agreement vs the
 fp32 graph, against the gate of the variant's weight width) and decode speed of every variant;
 the fastest that passes ships. Every graph is written with its weights in an aligned external
 file (``package.externalize``), which onnxruntime maps instead of copying.

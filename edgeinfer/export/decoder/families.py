@@ -2,7 +2,7 @@
 rotary tables, the norms, the activation, the attention windows.
 
 A family is a set of switches on one layer layout (RMSNorm -> attention with GQA and rotary ->
-RMSNorm -> gated MLP); the graph writer (``decoder.py``) reads only ``DecoderGeometry``. The
+RMSNorm -> gated MLP); the graph writer (``graph.py``) reads only ``DecoderGeometry``. The
 rotary tables follow transformers' ``modeling_rope_utils`` for the rope types a package's
 context can use; ``dynamic`` and ``longrope`` switch frequencies beyond the pretraining length,
 so their packages stop there (at that length both equal the unscaled / short-factor tables).

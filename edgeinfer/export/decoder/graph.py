@@ -9,7 +9,7 @@ directly from the weights, as onnxruntime-genai's model builder does, with
 (RMSNorm fused with the residual add) and one packed QKV ``MatMul`` per layer. Plain
 ``onnxruntime`` runs it (no onnxruntime-genai at run time) and every ``MatMul`` weight is a
 ``[K, N]`` initializer that the int8/int4 quantizers understand. What differs between families
-(Llama, Mistral, Qwen 2/3, Gemma 1/2/3, Phi-3) is read in ``decoder_families.py``.
+(Llama, Mistral, Qwen 2/3, Gemma 1/2/3, Phi-3) is read in ``families.py``.
 
 Graph I/O (batch B, new tokens S, KV buffer length P, mask length T, logits kept R)::
 

@@ -6,7 +6,7 @@ next-token agreement at least 95 %), 4-bit ones to the int4 gate (+5 %, 90 %). T
 ``int8-weight-only-int8-embed-refined``: every ``MatMul`` in 8-bit ``MatMulNBits`` blocks of 32
 at accuracy level 4, the embedding gathered from the lm_head's own 8-bit blocks (each weight
 stored once), and the head's top-16 logits recomputed with fp32 activations
-(``decoder_head``). The others stay available by name for comparison (docs/generation.md).
+(``head.py``). The others stay available by name for comparison (docs/generation.md).
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ variant's metric against the source's (the teacher's) PyTorch fp32 reference.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,8 @@ import numpy as np
 
 from edgeinfer.errors import ConfigError, ParityError
 from edgeinfer.export import package
-from edgeinfer.export.builder import Builder
-from edgeinfer.export.context import Candidate, Quality
+from edgeinfer.export.builder import GraphBuilder
+from edgeinfer.export.context import Candidate
 from edgeinfer.export.data.text import builtin_text, read_text_file, text_feeds
 from edgeinfer.export.encoder.students import pareto
 from edgeinfer.export.encoder.students.shrink import Student, train_students
@@ -34,7 +33,7 @@ __all__ = ["EncoderBuilder"]
 _PROBE_TEXTS = 6
 
 
-class EncoderBuilder(Builder):
+class EncoderBuilder(GraphBuilder):
     """Embedding and classification encoders (BERT family) from a model folder."""
 
     name = "encoder"
@@ -52,8 +51,9 @@ class EncoderBuilder(Builder):
             if opts.eval_data
             else builtin_text("held", opts.held_count)
         )
-        self.tokenizer = run.work / package.TOKENIZER_NAME
-        self.tokens = convert.prepare_tokenizer(run.source, self.tokenizer)
+        tokenizer = run.work / package.TOKENIZER_NAME
+        self.tokens = convert.prepare_tokenizer(run.source, tokenizer)
+        self.side_files = {package.TOKENIZER_NAME: tokenizer}
         self._variants(run.source)
         if self.shrink is not None:
             for student in train_students(run, self.shrink):
@@ -78,7 +78,7 @@ class EncoderBuilder(Builder):
                 self.reference = own
         with run.stage(f"parity{suffix}"):
             label = student.name if student else source.name
-            parity = self._evaluate(self._candidate(f"{prefix}onnx-fp32", raw, "fp32"), own)
+            parity = self._evaluate(self.candidate(f"{prefix}onnx-fp32", raw, "fp32"), own)
             loss = run.max_accuracy_loss
             run.note(f"{prefix}onnx-fp32", precision="fp32", accuracy=parity.to_dict(loss))
             if not parity.is_parity():
@@ -91,7 +91,7 @@ class EncoderBuilder(Builder):
             fused = work / "fused.onnx"
             fused_ops = optimize.optimize(source, raw, fused)
             wanted = ship and not self._quantized
-            fp32 = run.add(self._candidate(f"{prefix}fp32", fused, "fp32", requested=wanted))
+            fp32 = run.add(self.candidate(f"{prefix}fp32", fused, "fp32", requested=wanted))
             fp32.extra = extra
             self._measure(fp32)
             run.note(fp32.name, fused_ops=fused_ops, **extra)
@@ -116,7 +116,7 @@ class EncoderBuilder(Builder):
                 if run.options.calibration
                 else builtin_text("calibration", quant.calibration_size)
             )
-            run.quant = quant = replace(quant, calibration_size=len(texts))
+            quant = run.calibrated(len(texts))
             feeds = text_feeds(run.stage_candidate(fp32), texts)
             quantize.quantize_static_int8(fused, graph, quant, feeds=feeds, work_dir=run.work)
         info: dict[str, Any] = {
@@ -130,22 +130,13 @@ class EncoderBuilder(Builder):
                 calibration_method=quant.calibration_method,
                 calibration_size=quant.calibration_size,
             )
-        return self._candidate(name, graph, "int8", requested=True, quantization=info)
+        return self.candidate(name, graph, "int8", requested=True, quantization=info)
 
-    def _candidate(
-        self,
-        name: str,
-        graph: Path,
-        precision: str,
-        *,
-        requested: bool = False,
-        quantization: dict[str, Any] | None = None,
-    ) -> Candidate:
+    def graph_io(self, graph: Path) -> PackageIO:
         source = self.run.source
         inputs, outputs = package.read_io(graph)
-        io: PackageIO
         if self.run.task == "embed":
-            io = TextEncoderIO(
+            return TextEncoderIO(
                 graph=package.GRAPH_NAME,
                 tokenizer=package.TOKENIZER_NAME,
                 inputs=inputs,
@@ -153,26 +144,16 @@ class EncoderBuilder(Builder):
                 max_seq_len=source.max_seq_len,
                 embedding_dim=int(source.config["hidden_size"]),
             )
-        else:
-            classes = outputs[0].shape[-1]
-            if not isinstance(classes, int):
-                classes = len(source.config.get("id2label") or {}) or 2
-            io = TextClassifierIO(
-                graph=package.GRAPH_NAME,
-                tokenizer=package.TOKENIZER_NAME,
-                inputs=inputs,
-                outputs=outputs,
-                max_seq_len=source.max_seq_len,
-                labels=default_labels(source.config, classes),
-            )
-        return Candidate(
-            name=name,
-            precision=precision,
-            files={package.GRAPH_NAME: graph, package.TOKENIZER_NAME: self.tokenizer},
-            io=io,
-            quantization=quantization or {"mode": "none"},
-            tokens=self.tokens,
-            requested=requested,
+        classes = outputs[0].shape[-1]
+        if not isinstance(classes, int):
+            classes = len(source.config.get("id2label") or {}) or 2
+        return TextClassifierIO(
+            graph=package.GRAPH_NAME,
+            tokenizer=package.TOKENIZER_NAME,
+            inputs=inputs,
+            outputs=outputs,
+            max_seq_len=source.max_seq_len,
+            labels=default_labels(source.config, classes),
         )
 
     def _evaluate(self, candidate: Candidate, reference: np.ndarray) -> validate.Accuracy:
@@ -185,21 +166,11 @@ class EncoderBuilder(Builder):
 
     def _measure(self, candidate: Candidate) -> None:
         accuracy = self._evaluate(candidate, self.reference)
-        loss = self.run.max_accuracy_loss
         summary = (
             f"{candidate.name} {accuracy.metric} mean {accuracy.mean:.4f} / min "
             f"{accuracy.min:.4f} vs PyTorch fp32"
         )
-        self.run.measured(
-            candidate,
-            Quality(
-                metric=accuracy.metric,
-                passed=accuracy.passes(loss),
-                score=accuracy.mean,
-                summary=summary,
-                details=accuracy.to_dict(loss),
-            ),
-        )
+        self.gate(candidate, accuracy, summary)
 
     def prefer(self, passing: list[Candidate]) -> Candidate:
         if self.shrink is None:

@@ -6,25 +6,25 @@ outputs on held inputs (the reference: the user's fp32 ONNX itself) -> onnxrunti
 hardware-independent optimizations (parity with the original) -> quantization for the target
 (dynamic int8 on CPUs, static QDQ calibrated on the user's data for NPUs or when asked, fp16 for
 GPUs) -> the gate against the original on held inputs -> package. The graph's form decides
-the package kind (``onnx_forms``): images, token ids or any tensors (``raw``).
+the package kind (``forms.py``): images, token ids or any tensors (``raw``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from edgeinfer.errors import ConfigError, ParityError
 from edgeinfer.export import package
-from edgeinfer.export.builder import Builder
-from edgeinfer.export.context import Candidate, Quality
+from edgeinfer.export.builder import GraphBuilder
+from edgeinfer.export.context import Candidate
 from edgeinfer.export.onnx_file import user_graph
 from edgeinfer.export.onnx_file.forms import Form, ImageForm, RawForm, TextForm
 from edgeinfer.export.options import OnnxFileOptions
 from edgeinfer.export.passes import ort_compat, quantize
 from edgeinfer.export.passes.validate import Accuracy, load_candidate
+from edgeinfer.package_io import PackageIO
 
 __all__ = ["OnnxFileBuilder", "detect_task"]
 
@@ -57,7 +57,7 @@ def _quantized_ops(graph: Path) -> int:
     return count(onnx.load(str(graph)).graph.node)
 
 
-class OnnxFileBuilder(Builder):
+class OnnxFileBuilder(GraphBuilder):
     """Any ONNX graph into an image-classifier, text or raw package."""
 
     name = "onnx-file"
@@ -73,15 +73,16 @@ class OnnxFileBuilder(Builder):
             inputs, outputs = package.read_io(original)
             self.form = self._form(inputs, outputs)
             self.form.load()
+            self.side_files, self.tokens = self.form.files, self.form.tokens
         with run.stage("reference"):
-            self.reference = self._evaluate(self._candidate("onnx-fp32", original, "fp32"))
+            self.reference = self._evaluate(self.candidate("onnx-fp32", original, "fp32"))
         with run.stage("optimize"):
             fp32_graph = run.work / "fp32.onnx"
             user_graph.optimize(original, fp32_graph)
             if run.quant.fixed_batch is not None and isinstance(self.form, ImageForm):
                 ort_compat.fix_batch(fp32_graph, fp32_graph, batch=run.quant.fixed_batch)
             quantized = run.quant.mode != "none"
-            fp32 = run.add(self._candidate("fp32", fp32_graph, "fp32", requested=not quantized))
+            fp32 = run.add(self.candidate("fp32", fp32_graph, "fp32", requested=not quantized))
             accuracy = self._measure(fp32)
             if not accuracy.is_parity():
                 raise ParityError(
@@ -135,29 +136,13 @@ class OnnxFileBuilder(Builder):
             info.update(mode="int8-dynamic", per_channel=quant.per_channel)
         else:
             feeds = self.form.calibration_feeds(fp32_graph, run.stage_candidate(fp32))
-            run.quant = quant = replace(quant, calibration_size=len(feeds))
+            quant = run.calibrated(len(feeds))
             kept = quantize.quantize_static_cnn(fp32_graph, graph, quant, feeds=feeds)
             info.update(quantize.static_info(quant, kept))
-        return self._candidate(name, graph, name, requested=True, quantization=info)
+        return self.candidate(name, graph, name, requested=True, quantization=info)
 
-    def _candidate(
-        self,
-        name: str,
-        graph: Path,
-        precision: str,
-        *,
-        requested: bool = False,
-        quantization: dict[str, Any] | None = None,
-    ) -> Candidate:
-        return Candidate(
-            name=name,
-            precision=precision,
-            files={package.GRAPH_NAME: graph, **self.form.files},
-            io=self.form.io(graph),
-            quantization=quantization or {"mode": "none"},
-            tokens=self.form.tokens,
-            requested=requested,
-        )
+    def graph_io(self, graph: Path) -> PackageIO:
+        return self.form.io(graph)
 
     def _evaluate(self, candidate: Candidate) -> Any:
         with load_candidate(self.run.stage_candidate(candidate), self.run.threads) as model:
@@ -165,21 +150,13 @@ class OnnxFileBuilder(Builder):
 
     def _measure(self, candidate: Candidate) -> Accuracy:
         accuracy, details, where = self.form.score(self.reference, self._evaluate(candidate))
-        loss = self.run.max_accuracy_loss
         value = (
             f"relative error {1 - accuracy.mean:.4g}"
             if accuracy.metric == "relative_error"
             else f"{accuracy.metric} {accuracy.mean:.4f}"
         )
-        self.run.measured(
-            candidate,
-            Quality(
-                metric=accuracy.metric,
-                passed=accuracy.passes(loss),
-                score=accuracy.mean,
-                summary=f"{candidate.name} {value} vs the fp32 ONNX on {where}",
-                details={**accuracy.to_dict(loss), **details},
-            ),
+        self.gate(
+            candidate, accuracy, f"{candidate.name} {value} vs the fp32 ONNX on {where}", **details
         )
         return accuracy
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import warnings
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,8 @@ import numpy as np
 
 from edgeinfer.errors import ConfigError, MissingDependencyError, ParityError
 from edgeinfer.export import package
-from edgeinfer.export.builder import Builder
-from edgeinfer.export.context import Candidate, Quality
+from edgeinfer.export.builder import GraphBuilder
+from edgeinfer.export.context import Candidate
 from edgeinfer.export.data.photos import builtin_images, read_images
 from edgeinfer.export.labels import default_labels, read_labels
 from edgeinfer.export.passes import ort_compat, quantize
@@ -34,7 +33,7 @@ from edgeinfer.export.passes.validate import (
     run_model,
 )
 from edgeinfer.export.vision.preprocessing import spec_from_processor, spec_from_table
-from edgeinfer.package_io import ImageClassifierIO
+from edgeinfer.package_io import ImageClassifierIO, PackageIO
 from edgeinfer.runtime.tasks import prepare_images
 
 __all__ = ["VisionBuilder"]
@@ -51,7 +50,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return probs
 
 
-class VisionBuilder(Builder):
+class VisionBuilder(GraphBuilder):
     """A recipe's PyTorch image classifier into an ``image-classifier`` package."""
 
     name = "vision"
@@ -72,6 +71,8 @@ class VisionBuilder(Builder):
             self.image = spec_from_processor(processor)
         else:
             raise ConfigError(f"{source.name} has no [vision] section in its recipe")
+        if run.quant.engine_cache_dir:
+            self.extra["engine_cache_dir"] = run.quant.engine_cache_dir
         self.views = (
             read_images(opts.eval_data, size=self.image)
             if opts.eval_data
@@ -84,7 +85,7 @@ class VisionBuilder(Builder):
         with run.stage("reference"):
             self.reference = self._torch_probabilities(model, self.views)
         with run.stage("parity"):
-            accuracy, all_views = self._evaluate(self._candidate("onnx-fp32", raw, "fp32"))
+            accuracy, all_views = self._evaluate(self.candidate("onnx-fp32", raw, "fp32"))
             if not accuracy.is_parity() or all_views < 1.0:
                 raise ParityError(
                     f"the fp32 ONNX graph does not reproduce {run.source.name} (top-1 agreement "
@@ -97,7 +98,8 @@ class VisionBuilder(Builder):
             if run.quant.fixed_batch is not None:
                 ort_compat.fix_batch(fp32_graph, fp32_graph, batch=run.quant.fixed_batch)
             quantized = run.quant.mode != "none"
-            self._measure(run.add(self._candidate("fp32", fp32_graph, "fp32", not quantized)))
+            fp32 = self.candidate("fp32", fp32_graph, "fp32", requested=not quantized)
+            self._measure(run.add(fp32))
         if quantized:
             with run.stage("quantize"):
                 self._measure(run.add(self._quantized(fp32_graph)))
@@ -168,7 +170,7 @@ class VisionBuilder(Builder):
                 if opts.calibration and str(opts.calibration) != "builtin"
                 else builtin_images("calibration", quant.calibration_size, size=self.image)
             )
-            run.quant = quant = replace(quant, calibration_size=len(calib))
+            quant = run.calibrated(len(calib))
             feeds = [{"pixel_values": self._pixels(view[None])} for view in calib]
             kept = quantize.quantize_static_cnn(fp32_graph, graph, quant, feeds=feeds)
             info.update(quantize.static_info(quant, kept))
@@ -176,34 +178,16 @@ class VisionBuilder(Builder):
             info.update(per_channel=quant.per_channel, reduce_range=quant.reduce_range)
         if quant.fixed_batch is not None:
             info["fixed_batch"] = quant.fixed_batch
-        return self._candidate(name, graph, name, True, info)
+        return self.candidate(name, graph, name, requested=True, quantization=info)
 
-    def _candidate(
-        self,
-        name: str,
-        graph: Path,
-        precision: str,
-        requested: bool = False,
-        quantization: dict[str, Any] | None = None,
-    ) -> Candidate:
+    def graph_io(self, graph: Path) -> PackageIO:
         inputs, outputs = package.read_io(graph)
-        extra = {}
-        if self.run.quant.engine_cache_dir:
-            extra["engine_cache_dir"] = self.run.quant.engine_cache_dir
-        return Candidate(
-            name=name,
-            precision=precision,
-            files={package.GRAPH_NAME: graph},
-            io=ImageClassifierIO(
-                graph=package.GRAPH_NAME,
-                inputs=inputs,
-                outputs=outputs,
-                labels=self._labels(int(outputs[0].shape[-1])),
-                image=self.image,
-            ),
-            quantization=quantization or {"mode": "none"},
-            extra=extra,
-            requested=requested,
+        return ImageClassifierIO(
+            graph=package.GRAPH_NAME,
+            inputs=inputs,
+            outputs=outputs,
+            labels=self._labels(int(outputs[0].shape[-1])),
+            image=self.image,
         )
 
     def _labels(self, count: int) -> tuple[str, ...]:
@@ -219,24 +203,12 @@ class VisionBuilder(Builder):
 
     def _measure(self, candidate: Candidate) -> None:
         accuracy, all_views = self._evaluate(candidate)
-        loss = self.run.max_accuracy_loss
-        self.run.measured(
-            candidate,
-            Quality(
-                metric="top1_agreement",
-                passed=accuracy.passes(loss),
-                score=accuracy.mean,
-                summary=(
-                    f"{candidate.name} top-1 agreement with PyTorch fp32 {accuracy.mean:.4f} on "
-                    f"{accuracy.count} decided views ({all_views:.4f} on all "
-                    f"{len(self.views)})"
-                ),
-                details={
-                    **accuracy.to_dict(loss),
-                    "all_views": round(all_views, 6),
-                    "views": len(self.views),
-                },
-            ),
+        summary = (
+            f"{candidate.name} top-1 agreement with PyTorch fp32 {accuracy.mean:.4f} on "
+            f"{accuracy.count} decided views ({all_views:.4f} on all {len(self.views)})"
+        )
+        self.gate(
+            candidate, accuracy, summary, all_views=round(all_views, 6), views=len(self.views)
         )
 
     def probe(self, candidate: Candidate) -> Callable[[], object] | None:
