@@ -14,6 +14,7 @@ from onnx_models import accumulator, tiny_cnn
 import edgeinfer
 from edgeinfer.cli import main
 from edgeinfer.errors import ConfigError
+from edgeinfer.export import labels
 from edgeinfer.export.data import tensors
 from edgeinfer.export.onnx_file import user_graph
 from edgeinfer.export.options import ExportOptions, OnnxFileOptions
@@ -91,12 +92,12 @@ def test_image_processor_configs_become_the_manifests_preprocessing(tmp_path: Pa
 
 def test_labels_come_from_a_file_the_config_or_label_i(tmp_path: Path) -> None:
     (tmp_path / "labels.txt").write_text("cat\ndog\n\n")
-    assert preprocessing.read_labels(tmp_path / "labels.txt", count=2) == ("cat", "dog")
+    assert labels.read_labels(tmp_path / "labels.txt", count=2) == ("cat", "dog")
     with pytest.raises(ConfigError, match="holds 2 labels, but the model has 3"):
-        preprocessing.read_labels(tmp_path / "labels.txt", count=3)
-    assert preprocessing.default_labels({}, 2) == ("LABEL_0", "LABEL_1")
+        labels.read_labels(tmp_path / "labels.txt", count=3)
+    assert labels.default_labels({}, 2) == ("LABEL_0", "LABEL_1")
     named = {"id2label": {"0": "neg", "1": "pos"}}
-    assert preprocessing.default_labels(named, 2) == ("neg", "pos")
+    assert labels.default_labels(named, 2) == ("neg", "pos")
 
 
 # -- exports (slow)
