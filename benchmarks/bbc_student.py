@@ -33,7 +33,7 @@ import numpy as np
 
 import edgeinfer
 from edgeinfer.errors import ExportError
-from edgeinfer.export.early_exit_calibrate import LabelledSplit, labelled_split
+from edgeinfer.export.data.topics import LabelledSplit, labelled_split
 from edgeinfer.export.options import ExportOptions, ShrinkOptions
 from edgeinfer.export.recipes import find
 from edgeinfer.export.run import export

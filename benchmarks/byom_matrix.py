@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
 
             rows.append(_row(f"{family} ({task})", args, work / f"{family}-pkg", run))
         vit = families.build_vit(work / "vit")
-        from edgeinfer.export.images import photos
+        from edgeinfer.export.data.photos import photos
 
         picture = photos("gate")[3]
         rows.append(

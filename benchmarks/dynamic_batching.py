@@ -40,7 +40,7 @@ from edgeinfer import BatchConfig
 
 
 def _headlines(count: int) -> list[str]:
-    from edgeinfer.export.calibrate import bbc_articles
+    from edgeinfer.export.data.text import bbc_articles
 
     lines = [text.strip().splitlines()[0].strip() for _, text in bbc_articles()]
     return [line for line in lines if line][:count]

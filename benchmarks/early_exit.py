@@ -30,12 +30,13 @@ import numpy as np
 
 import edgeinfer
 from edgeinfer.config import RuntimeConfig
-from edgeinfer.export.early_exit_calibrate import NEVER_EXIT, LabelledSplit, labelled_split
+from edgeinfer.export.data.topics import LabelledSplit, labelled_split
 from edgeinfer.export.options import EarlyExitOptions, ExportOptions
 from edgeinfer.export.run import export
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.batching import pad_rows
 from edgeinfer.runtime.early_exit import SegmentRunner
+from edgeinfer.runtime.exit_curve import NEVER_EXIT
 from edgeinfer.runtime.tokenizer import TextTokenizer
 
 BATCH = 16

@@ -31,9 +31,9 @@ def torch_reference(source: str, package: Path, held_count: int) -> dict[str, An
     import torch
     from tokenizers import Tokenizer
 
-    from edgeinfer.export.builders.decoder import HELD_TOKENS, MAX_HELD_TEXTS
-    from edgeinfer.export.calibrate import builtin_text
-    from edgeinfer.export.lm import full_logits, load_decoder
+    from edgeinfer.export.data.text import builtin_text
+    from edgeinfer.export.decoder.builder import HELD_TOKENS, MAX_HELD_TEXTS
+    from edgeinfer.export.decoder.lm import full_logits, load_decoder
     from edgeinfer.export.source import resolve_source
     from edgeinfer.manifest import Manifest
     from edgeinfer.package_io import DecoderIO
@@ -71,7 +71,7 @@ def torch_reference(source: str, package: Path, held_count: int) -> dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    from edgeinfer.export.decoder_variants import DEFAULT_VARIANTS
+    from edgeinfer.export.decoder.variants import DEFAULT_VARIANTS
     from edgeinfer.export.options import DecoderOptions, ExportOptions
     from edgeinfer.export.run import export
 

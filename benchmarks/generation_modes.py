@@ -42,7 +42,7 @@ MODES = {
 
 def grounded_prompts(count: int) -> list[str]:
     """Held BBC articles (never used for calibration), each with an extracting request."""
-    from edgeinfer.export.calibrate import bbc_articles
+    from edgeinfer.export.data.text import bbc_articles
 
     held = bbc_articles()[1::2]  # the held split's articles (calibration takes the others)
     step = max(1, len(held) // count)

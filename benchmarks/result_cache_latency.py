@@ -26,7 +26,7 @@ import numpy as np
 
 import edgeinfer
 from edgeinfer import CacheConfig
-from edgeinfer.runtime.result_cache import ResultCache
+from edgeinfer.runtime.cache.results import ResultCache
 from edgeinfer.runtime.session import GraphSession
 from edgeinfer.runtime.tokenizer import TextTokenizer
 

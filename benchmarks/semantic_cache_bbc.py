@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 import edgeinfer
-from edgeinfer.runtime.semantic_cache import SemanticCache, calibrate_threshold, threshold_curve
+from edgeinfer.runtime.cache.semantic import SemanticCache, calibrate_threshold, threshold_curve
 
 
 def _sentences(text: str) -> tuple[str, list[str]]:
@@ -40,7 +40,7 @@ def _sentences(text: str) -> tuple[str, list[str]]:
 
 def _workload(seed: int) -> tuple[list[str], list[str], list[str], list[str]]:
     """(cached texts, their labels, request texts, their labels)."""
-    from edgeinfer.export.calibrate import bbc_articles
+    from edgeinfer.export.data.text import bbc_articles
 
     articles = bbc_articles()
     order = np.random.default_rng(seed).permutation(len(articles))

@@ -8,7 +8,8 @@ The three BBC News splits stay apart: the student trains on the built-in trainin
 articles); the dev texts are odd articles i % 11 == 5, which the gate's 200 held texts (odd
 articles i % 11 == 0) never include, so a depth chosen here is reported on texts it was not
 chosen on. The layer choice, batches (1,024 padded tokens), learning rate and loss are the
-export's (``edgeinfer.export.shrink``), so the numbers are those of ``--distill-layers N``.
+export's (``edgeinfer.export.encoder.students.shrink``), so the numbers are those of
+``--distill-layers N``.
 """
 
 from __future__ import annotations
@@ -18,18 +19,19 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from edgeinfer.export import calibrate, distill
+from edgeinfer.export.data.text import article_texts, bbc_articles, builtin_text, training_text
+from edgeinfer.export.encoder.students import distill
+from edgeinfer.export.encoder.students.shrink import SELECTION_TEXTS, TRAIN
 from edgeinfer.export.recipes import find
-from edgeinfer.export.shrink import _SELECTION_TEXTS, _TRAIN
 
 DEV_TEXTS = 200
 
 
 def dev_text() -> list[str]:
     """The dev split: both texts of the odd articles i % 11 == 5, DEV_TEXTS at most."""
-    odd = calibrate.bbc_articles()[1::2]
-    texts = [t for i, (_, a) in enumerate(odd) if i % 11 == 5 for t in calibrate.article_texts(a)]
-    held = set(calibrate.builtin_text("held", 200))
+    odd = bbc_articles()[1::2]
+    texts = [t for i, (_, a) in enumerate(odd) if i % 11 == 5 for t in article_texts(a)]
+    held = set(builtin_text("held", 200))
     if held & set(texts):
         raise SystemExit("the dev split overlaps the gate's held text")
     return texts[:DEV_TEXTS]
@@ -66,14 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     source = recipe.locate()
     teacher = distill.load_teacher(source, "embed")
     tokenizer = AutoTokenizer.from_pretrained(str(source))  # type: ignore[no-untyped-call]
-    texts = calibrate.training_text(args.texts)
+    texts = training_text(args.texts)
 
     def batches(items: list[str]) -> list[distill.Batch]:
         return distill.make_batches(
-            tokenizer, items, seq_len=args.seq_len, batch_tokens=_TRAIN.batch_tokens
+            tokenizer, items, seq_len=args.seq_len, batch_tokens=TRAIN.batch_tokens
         )
 
-    selection = batches(texts[:: max(1, len(texts) // _SELECTION_TEXTS)])
+    selection = batches(texts[:: max(1, len(texts) // SELECTION_TEXTS)])
     dev = batches(dev_text())
     distill.teacher_targets(teacher, selection, "embed")
     distill.teacher_targets(teacher, dev, "embed")
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
-    distill.train(student, train, "embed", replace(_TRAIN, epochs=args.epochs), on_epoch=on_epoch)
+    distill.train(student, train, "embed", replace(TRAIN, epochs=args.epochs), on_epoch=on_epoch)
     return 0
 
 

@@ -85,7 +85,7 @@ class SemanticCacheConfig:
         embedder: an ``embed`` package (MiniLM int8) used to embed every request's text.
         threshold: τ, the cosine similarity at or above which a cached answer is reused.
             No default on purpose: it depends on the labels and the traffic. Calibrate it with
-            ``edgeinfer.runtime.semantic_cache.calibrate_threshold`` on labelled requests; on
+            ``edgeinfer.runtime.cache.semantic.calibrate_threshold`` on labelled requests; on
             BBC News topics with MiniLM int8, a 1 % false-hit budget gives τ = 0.58
             (``benchmarks/semantic_cache_bbc.py``), a finer label set needs a higher τ.
         max_entries: texts kept (oldest replaced first); numpy brute force takes ~0.5 ms per

@@ -232,20 +232,20 @@ def tiny(tiny_package: Path) -> Generator:
 @pytest.fixture(scope="session")
 def calibration_npy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The 128 built-in calibration views as a .npy file (the ``--calibration FILE`` form)."""
-    from edgeinfer.export import images
+    from edgeinfer.export.data import photos
 
     path = tmp_path_factory.mktemp("calibration") / "views.npy"
-    np.save(path, images.builtin_images("calibration", 128, size=224))
+    np.save(path, photos.builtin_images("calibration", 128, size=224))
     return path
 
 
 @pytest.fixture(scope="session")
 def few_gate_views_npy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """8 built-in gate views as a .npy file (``--eval-data``): a quick gate for slow variants."""
-    from edgeinfer.export import images
+    from edgeinfer.export.data import photos
 
     path = tmp_path_factory.mktemp("gate") / "views.npy"
-    np.save(path, images.builtin_images("gate", 8, size=224))
+    np.save(path, photos.builtin_images("gate", 8, size=224))
     return path
 
 

@@ -16,7 +16,7 @@ from kv_io import decoder_io
 from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import ENGINE_CACHE_DIR_KEY, Manifest
 from edgeinfer.providers import available, provider_options, with_options
-from edgeinfer.runtime.kvcache import KVCache, device_for
+from edgeinfer.runtime.generate.kvcache import KVCache, device_for
 
 SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "gpu_check.sh"
 

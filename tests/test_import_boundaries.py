@@ -1,17 +1,15 @@
 """Import rules: the runtime runs on devices without torch (importing it loads no export-only
-package), and no edgeinfer module imports itself back through others (no cycles)."""
+package), every import follows the layers of docs/architecture.md, and no edgeinfer module
+imports itself back through others (no cycles). Every import counts: module-level, lazy (inside
+functions) and ``if TYPE_CHECKING:`` ones (tests/layers.py reads them)."""
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
-from collections.abc import Container
-from pathlib import Path
 
 import pytest
-
-import edgeinfer
+from layers import ROOT, import_graph, layer_of, read_layers, source_modules
 
 FORBIDDEN = ("torch", "transformers", "optimum", "onnx")
 
@@ -40,48 +38,33 @@ def test_loading_and_running_a_package_imports_no_export_packages(minilm_int8: o
     assert out.stdout.strip() == ""
 
 
-def _imports(path: Path, module: str, modules: Container[str]) -> set[str]:
-    """The edgeinfer modules ``module`` imports anywhere in its file — lazy imports inside
-    functions included (a cycle hidden by a lazy import is still a cycle), ``if
-    TYPE_CHECKING:`` blocks excluded (annotations only)."""
-    tree = ast.parse(path.read_text())
-    typing_only = {
-        id(node)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
-        for stmt in block.body
-        for node in ast.walk(stmt)
-    }
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parts, base] if base else parts)
-            # "from a.b import c": the submodule a.b.c when it is one, else a.b
-            for alias in node.names:
-                sub = f"{base}.{alias.name}"
-                found.add(sub if sub in modules else base)
-    return {name for name in found if name.split(".")[0] == "edgeinfer"}
+def test_every_import_follows_the_layers() -> None:
+    """Each module imports only its own layer and the layers its row of docs/architecture.md
+    lists; every module is in a layer."""
+    layers = read_layers()
+    graph = import_graph()
+    unplaced = sorted(m for m in graph if layer_of(m, layers) is None)
+    assert not unplaced, f"in no layer of docs/architecture.md: {', '.join(unplaced)}"
+    wrong = []
+    for module, targets in sorted(graph.items()):
+        layer = layer_of(module, layers)
+        assert layer is not None
+        for target, line in sorted(targets.items()):
+            other = layer_of(target, layers)
+            if other != layer and other not in layers[layer].may_import:
+                path = source_modules()[module].relative_to(ROOT)
+                wrong.append(f"{path}:{line}: {module} ({layer}) imports {target} ({other})")
+    assert not wrong, "imports against the layers of docs/architecture.md:\n" + "\n".join(wrong)
+
+
+def test_the_layer_table_names_only_known_layers() -> None:
+    layers = read_layers()
+    unknown = {n for layer in layers.values() for n in layer.may_import} - set(layers)
+    assert not unknown, f"may import unknown layers: {sorted(unknown)}"
 
 
 def test_edgeinfer_has_no_import_cycle() -> None:
-    root = Path(edgeinfer.__file__).parent
-    modules: dict[str, Path] = {}
-    for path in root.rglob("*.py"):
-        parts = path.relative_to(root.parent).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        modules[name] = path
-    graph = {
-        name: {m for m in _imports(path, name, modules) if m in modules and m != name}
-        for name, path in modules.items()
-    }
+    graph = {name: set(targets) for name, targets in import_graph().items()}
     cycles = []
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 

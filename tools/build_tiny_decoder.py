@@ -111,7 +111,7 @@ def build(out_dir: Path, family: str = "llama") -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from edgeinfer.export.calibrate import builtin_text
+    from edgeinfer.export.data.text import builtin_text
 
     model_type, overrides = FAMILIES[family]
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,8 @@ from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.early_exit import EXIT_POLICIES, SegmentRunner
+from edgeinfer.runtime.exit_curve import NEVER_EXIT, sweep, trace_inputs
+from edgeinfer.runtime.tokenizer import TextTokenizer
 
 __all__ = ["curve_table", "plot_curve", "run_curve"]
 
@@ -36,15 +38,14 @@ def _held_out(
     as batch-1 inputs (input, mask), labels [N] and each input's variant."""
     data = str(((manifest.early_exit or {}).get("train") or {}).get("data"))
     if data == "mnist":
-        from edgeinfer.export.cnn_exits import image_split
+        from edgeinfer.export.data.digits import digit_split
 
-        images = image_split("test", limit=limit)
+        digits = digit_split("test", limit=limit)
         inputs: list[tuple[np.ndarray, np.ndarray | None]] = [
-            (x[None], None) for x in images.images
+            (x[None], None) for x in digits.images
         ]
-        return inputs, images.labels, ["image"] * len(inputs)
-    from edgeinfer.export.early_exit_calibrate import TEXT_DATA, labelled_split
-    from edgeinfer.runtime.tokenizer import TextTokenizer
+        return inputs, digits.labels, ["image"] * len(inputs)
+    from edgeinfer.export.data.topics import TEXT_DATA, labelled_split
 
     if data not in TEXT_DATA:
         raise ConfigError(f"{package.name}: no held-out split of {data!r} to measure on")
@@ -89,8 +90,6 @@ def run_curve(
         threads: intra-op threads (default: every core).
         limit: cap the held-out articles (text) or images, evenly spaced (quick runs).
     """
-    from edgeinfer.export.early_exit_calibrate import NEVER_EXIT, SplitTrace, sweep
-
     manifest = Manifest.read(package)
     spec = manifest.early_exit
     if not spec:
@@ -99,17 +98,7 @@ def run_curve(
     inputs, labels, variants = _held_out(package, manifest, limit)
     for x, mask in inputs[:3]:  # first runs allocate
         runner.trace(x, mask)
-    logits, times = [], []
-    for x, mask in inputs:
-        trace = runner.trace(x, mask)
-        logits.append(np.concatenate(trace.logits))  # [E, C]
-        times.append(trace.segment_ms)
-    split = SplitTrace(
-        logits=np.stack(logits, axis=1),
-        segment_ms=np.asarray(times, dtype=np.float64).T,
-        labels=labels,
-        exit_layers=runner.exit_layers,
-    )
+    split = trace_inputs(runner, inputs, labels)
     exits = len(runner.exit_layers)
     curves = {p: [split.point(t, p) for t in sweep(p, exits)] for p in EXIT_POLICIES}
     rule = (runner.default_policy, runner.default_threshold)

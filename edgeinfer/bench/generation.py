@@ -99,7 +99,7 @@ def prompt_ids(package: Path) -> list[int]:
     the message's text (with BOS when its tokenizer adds one) when it has none."""
     from tokenizers import Tokenizer
 
-    from edgeinfer.runtime.chat import render_chat
+    from edgeinfer.runtime.generate.chat import render_chat
 
     manifest = Manifest.read(package)
     io = manifest.io_as(DecoderIO)
@@ -254,7 +254,7 @@ def run_generation_bench(
                 for c in out["llamacpp"]
             ]
     if torch_source:
-        from edgeinfer.export.reference import hf_generate_speed
+        from edgeinfer.export.passes.reference import hf_generate_speed
 
         out["torch"] = hf_generate_speed(torch_source, PROMPT, threads=threads, tokens=tokens)
         for row in rows:

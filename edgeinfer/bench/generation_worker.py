@@ -32,7 +32,7 @@ Measure = Callable[[bool], dict[str, Any]]  # (with the token ids) -> one run
 def _package(spec: dict[str, Any]) -> Measure:
     from edgeinfer.config import RuntimeConfig
     from edgeinfer.manifest import Manifest
-    from edgeinfer.runtime.generate import Generator
+    from edgeinfer.runtime.generate.generator import Generator
 
     path, ids, tokens = Path(spec["path"]), list(spec["prompt_ids"]), int(spec["tokens"])
     gen = Generator(

@@ -38,7 +38,7 @@ def _package_runner(spec: dict[str, Any]) -> Callable[[list[str]], object]:
 def _torch_runner(spec: dict[str, Any]) -> Callable[[list[str]], object]:
     from pathlib import Path
 
-    from edgeinfer.export.reference import TorchReference
+    from edgeinfer.export.passes.reference import TorchReference
 
     return TorchReference.for_package(Path(spec["path"]), threads=spec["threads"]).run
 

@@ -28,7 +28,7 @@ from edgeinfer.bridge.failures import wire_error
 from edgeinfer.bridge.replies import DedupStore, Stored
 from edgeinfer.bridge.serving import ModelTable
 from edgeinfer.config import SamplingConfig
-from edgeinfer.runtime.streaming import first_stop, held_back
+from edgeinfer.runtime.generate.streaming import first_stop, held_back
 
 __all__ = ["GenerationLane"]
 

@@ -33,7 +33,7 @@ def _db_path(package: Path, directory: Path | None) -> Path:
 
 
 def _stats(path: Path) -> dict[str, Any]:
-    from edgeinfer.runtime.result_stores import SqliteStore
+    from edgeinfer.runtime.cache.stores import SqliteStore
 
     if not path.exists():  # do not create a file just to say it is empty
         return {"path": str(path), "exists": False, "entries": 0, "bytes": 0}
@@ -77,7 +77,7 @@ def clear(
     package: PackageArg, directory: DirOption = None, json_output: JsonOption = False
 ) -> None:
     """Delete every cached result of the package (the file stays, empty)."""
-    from edgeinfer.runtime.result_stores import SqliteStore
+    from edgeinfer.runtime.cache.stores import SqliteStore
 
     path = _db_path(package, directory)
     removed = 0

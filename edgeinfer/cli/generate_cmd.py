@@ -32,8 +32,8 @@ def generate(
     """Generate a completion (or a chat answer with --chat) and print it."""
     from edgeinfer.config import RuntimeConfig, SamplingConfig
     from edgeinfer.manifest import Manifest
-    from edgeinfer.runtime.chat import Prompt
-    from edgeinfer.runtime.generate import Generator
+    from edgeinfer.runtime.generate.chat import Prompt
+    from edgeinfer.runtime.generate.generator import Generator
 
     manifest = Manifest.read(package)
     manifest.verify(package)

@@ -122,7 +122,7 @@ def _placement_table(report: PlacementReport) -> Table:
 
 def _footprint(package: Path) -> dict[str, Any]:
     """RSS of a fresh process serving ``package``; installed size of what the runtime needs."""
-    from edgeinfer import footprint
+    from edgeinfer.bench import footprint
 
     serving = footprint.measure_serving_in_subprocess(package)
     closure = footprint.distribution_sizes(footprint.requirement_closure())

@@ -45,8 +45,8 @@ def profile(
 ) -> None:
     """Run one request twice (warm-up, then measured) with onnxruntime's profiler on and show
     where the measured one spent its time."""
-    from edgeinfer.runtime.profile import profile as run_profile
-    from edgeinfer.runtime.profile_views import headline
+    from edgeinfer.bench.profile import profile as run_profile
+    from edgeinfer.bench.profile_views import headline
 
     result = run_profile(
         package,

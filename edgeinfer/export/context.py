@@ -195,6 +195,12 @@ class ExportContext:
         # Files the package carries besides the chosen variant's (a plot of the report).
         self.attachments: dict[str, bytes] = {}
 
+    def calibrated(self, count: int) -> QuantConfig:
+        """The preset from now on records ``count``: the samples a static quantization really
+        calibrated on (fewer than asked when the data holds fewer); returns it."""
+        self.quant = replace(self.quant, calibration_size=count)
+        return self.quant
+
     @property
     def threads(self) -> int | None:
         """Threads for the candidates' sessions and the speed guard."""

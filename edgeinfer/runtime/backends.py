@@ -15,10 +15,10 @@ from typing import Any
 from edgeinfer.config import BatchConfig, CacheConfig, PrefixCacheConfig, RuntimeConfig
 from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import Manifest
-from edgeinfer.runtime.chat import Prompt
-from edgeinfer.runtime.generate import Generator
+from edgeinfer.runtime.generate.chat import Prompt
+from edgeinfer.runtime.generate.generator import Generator
+from edgeinfer.runtime.generate.streaming import GenerationResult, TextChunk
 from edgeinfer.runtime.metrics import Metrics
-from edgeinfer.runtime.streaming import GenerationResult, TextChunk
 from edgeinfer.runtime.tasks import ClassificationResult, EmbeddingResult
 
 __all__ = ["Backend", "BackendOptions", "GenerateBackend"]

@@ -26,11 +26,11 @@ from edgeinfer.config import (
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import ExitSegmentsIO
 from edgeinfer.runtime.backends import Backend, BackendOptions, GenerateBackend
-from edgeinfer.runtime.chat import Prompt
+from edgeinfer.runtime.generate.chat import Prompt
+from edgeinfer.runtime.generate.streaming import GenerationResult, TextChunk
 from edgeinfer.runtime.image import ImageBackend
 from edgeinfer.runtime.metrics import Metrics, MetricsSnapshot
 from edgeinfer.runtime.raw import RawBackend
-from edgeinfer.runtime.streaming import GenerationResult, TextChunk
 from edgeinfer.runtime.tasks import ClassificationResult, EmbeddingResult
 from edgeinfer.runtime.text import TextBackend
 

@@ -191,7 +191,7 @@ def _input(model: Model, case: dict[str, Any]) -> Any:
 
 def _greedy_cases(model: Model, prompts: list[str]) -> list[dict[str, Any]]:
     """Each prompt's first greedy tokens with each step's logit margin."""
-    from edgeinfer.runtime.generate import Generator
+    from edgeinfer.runtime.generate.generator import Generator
 
     context = min(model.manifest.io_as(DecoderIO).context_length, _PROMPT_TOKENS + GREEDY_TOKENS)
     generator = Generator(model.path, model.manifest, config=model.config, context_length=context)

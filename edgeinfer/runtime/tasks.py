@@ -12,7 +12,7 @@ import numpy as np
 
 from edgeinfer.errors import ConfigError, InputError
 from edgeinfer.package_io import ImageSpec
-from edgeinfer.runtime.images import pictures_to_batch
+from edgeinfer.runtime.pictures import pictures_to_batch
 
 __all__ = [
     "ClassificationCodec",
@@ -119,7 +119,7 @@ def prepare_images(images: Any, *, image: ImageSpec) -> np.ndarray:
     """The graph's ``pixel_values`` [N, 3, H, W] float32 from what a caller passes.
 
     ``image`` is the package's ``io.image``. Accepted: float32 [3, H, W] or [N, 3, H, W],
-    already normalized, passed as they are; else pictures (``images.pictures_to_batch``: file
+    already normalized, passed as they are; else pictures (``pictures.pictures_to_batch``: file
     paths, Pillow images, uint8 RGB arrays of any size), resized as the manifest says, put in
     the graph's channel order and normalized as ``(pixel - mean) / std``.
     """

@@ -20,12 +20,12 @@ from edgeinfer.config import CacheConfig
 from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import ExitSegmentsIO, TextClassifierIO, TextEncoderIO
-from edgeinfer.runtime.answers import Answer, Caches, Lookup, Value
 from edgeinfer.runtime.backends import Backend, BackendOptions
 from edgeinfer.runtime.batching import DynamicBatcher, pad_rows
+from edgeinfer.runtime.cache.results import ResultCache
+from edgeinfer.runtime.cache.semantic import SemanticCache
+from edgeinfer.runtime.cache.tiers import Answer, Caches, Lookup, Value
 from edgeinfer.runtime.early_exit import SegmentRunner
-from edgeinfer.runtime.result_cache import ResultCache
-from edgeinfer.runtime.semantic_cache import SemanticCache
 from edgeinfer.runtime.session import GraphSession
 from edgeinfer.runtime.tasks import (
     ClassificationResult,

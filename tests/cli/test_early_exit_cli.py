@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from edgeinfer.cli import main
-from edgeinfer.export import cnn_exits
-from edgeinfer.export.cnn_exits import ImageSplit, image_split
+from edgeinfer.export.data.digits import DigitSplit, digit_split
+from edgeinfer.export.early_exit import cnn
 from edgeinfer.manifest import Manifest
 
 pytestmark = pytest.mark.slow
@@ -21,11 +21,11 @@ def test_cli_exports_a_small_early_exit_cnn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a small config of the real export: 100 images per split, one epoch (seconds)
-    def small(split: str, *, limit: int | None = None) -> ImageSplit:
-        return image_split(split, limit=100)  # type: ignore[arg-type]
+    def small(split: str, *, limit: int | None = None) -> DigitSplit:
+        return digit_split(split, limit=100)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(cnn_exits, "image_split", small)
-    monkeypatch.setattr(cnn_exits, "EPOCHS", 1)
+    monkeypatch.setattr(cnn, "digit_split", small)
+    monkeypatch.setattr(cnn, "EPOCHS", 1)
     out = tmp_path / "mnist-ee"
     argv = [
         "export", "mnist-cnn", "-o", str(out), "--task", "classify", "--early-exit",
@@ -45,7 +45,7 @@ def test_cli_exports_a_small_early_exit_cnn(
 def test_cli_classify_an_image_file(
     mnist_early_exit_package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    images = image_split("test", limit=4)
+    images = digit_split("test", limit=4)
     path = tmp_path / "digits.npy"
     np.save(path, images.images)
     pkg = str(mnist_early_exit_package)

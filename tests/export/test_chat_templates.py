@@ -14,13 +14,13 @@ import pytest
 from tokenizers import AddedToken, Tokenizer, processors
 
 from edgeinfer.config import RuntimeConfig
-from edgeinfer.export.lm import prepare_decoder_tokenizer
+from edgeinfer.export.decoder.lm import prepare_decoder_tokenizer
 from edgeinfer.export.options import ExportOptions
 from edgeinfer.export.run import export
 from edgeinfer.export.source import resolve_source
 from edgeinfer.manifest import Manifest
-from edgeinfer.runtime.chat import render_chat
 from edgeinfer.runtime.generate import Generator
+from edgeinfer.runtime.generate.chat import render_chat
 
 ZEPHYR = (
     "{% for message in messages %}\n{% if message['role'] == 'user' %}\n"

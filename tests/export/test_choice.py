@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from edgeinfer.errors import AccuracyGateError, SlowerQuantizationError
-from edgeinfer.export.builders.decoder import DecoderBuilder
 from edgeinfer.export.context import Candidate, Quality
+from edgeinfer.export.decoder.builder import DecoderBuilder
 from edgeinfer.export.run import choose
 from edgeinfer.package_io import TextEncoderIO
 

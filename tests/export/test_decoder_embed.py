@@ -11,9 +11,9 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from edgeinfer.export import quantize
-from edgeinfer.export.decoder_embed import quantize_embedding
-from edgeinfer.export.lm import full_logits
+from edgeinfer.export.decoder.embed import quantize_embedding
+from edgeinfer.export.decoder.lm import full_logits
+from edgeinfer.export.passes import quantize
 from edgeinfer.manifest import Manifest
 
 TABLE = "model.embed_tokens.weight"

@@ -17,8 +17,8 @@ import torch
 
 from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import ConversionError
-from edgeinfer.export.decoder_graph import SUPPORTED_FAMILIES, DecoderGeometry
-from edgeinfer.export.lm import full_logits
+from edgeinfer.export.decoder.graph import SUPPORTED_FAMILIES, DecoderGeometry
+from edgeinfer.export.decoder.lm import full_logits
 from edgeinfer.export.options import ExportOptions
 from edgeinfer.export.run import export
 from edgeinfer.manifest import Manifest

@@ -13,10 +13,11 @@ import onnxruntime as ort
 import pytest
 
 from edgeinfer.config import RuntimeConfig, SamplingConfig
-from edgeinfer.export import package, quantize
-from edgeinfer.export.decoder_head import refine_head
-from edgeinfer.export.decoder_variants import VARIANTS
-from edgeinfer.export.lm import full_logits
+from edgeinfer.export import package
+from edgeinfer.export.decoder.head import refine_head
+from edgeinfer.export.decoder.lm import full_logits
+from edgeinfer.export.decoder.variants import VARIANTS
+from edgeinfer.export.passes import quantize
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.generate import Generator
 

@@ -10,16 +10,16 @@ import pytest
 import edgeinfer
 from edgeinfer.config import CacheConfig, RuntimeConfig
 from edgeinfer.errors import ConfigError, InputError
-from edgeinfer.export.cnn_exits import image_split
-from edgeinfer.export.early_exit_calibrate import NEVER_EXIT
+from edgeinfer.export.data.digits import digit_split
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.early_exit import EXIT_POLICIES, SegmentRunner, first_exit
+from edgeinfer.runtime.exit_curve import NEVER_EXIT
 
 pytestmark = pytest.mark.slow
 
 
 def test_image_splits_are_disjoint_and_balanced() -> None:
-    train, validation, test = (image_split(s) for s in ("train", "validation", "test"))
+    train, validation, test = (digit_split(s) for s in ("train", "validation", "test"))
     assert (len(train.labels), len(validation.labels), len(test.labels)) == (3000, 1000, 1000)
     for split in (train, validation, test):
         assert split.images.dtype == np.float32 and split.images.shape[1:] == (1, 28, 28)
@@ -54,7 +54,7 @@ def test_segment_chain_matches_the_runner_and_rules(mnist_early_exit_package: Pa
     runner = SegmentRunner(
         mnist_early_exit_package, manifest, config=RuntimeConfig(threads=2, warmup_runs=0)
     )
-    images = image_split("test", limit=24).images
+    images = digit_split("test", limit=24).images
     trace = runner.trace(images, None)
     exit_index, logits = runner.run(images, None, threshold=NEVER_EXIT)
     assert exit_index.tolist() == [2] * len(images)
@@ -71,7 +71,7 @@ def test_segment_chain_matches_the_runner_and_rules(mnist_early_exit_package: Pa
 
 
 def test_model_classifies_image_arrays(mnist_early_exit_package: Path) -> None:
-    images = image_split("test", limit=10).images  # [10, 1, 28, 28]
+    images = digit_split("test", limit=10).images  # [10, 1, 28, 28]
     with edgeinfer.load(mnist_early_exit_package, threads=2) as model:
         results = model.classify(images)
         assert len(results) == 10 and all(r.exit_layer in (1, 2, 3) for r in results)
@@ -100,7 +100,7 @@ def test_model_classifies_image_arrays(mnist_early_exit_package: Path) -> None:
 def test_curve_reproduces_at_runtime(mnist_early_exit_package: Path) -> None:
     spec = Manifest.read(mnist_early_exit_package).early_exit
     assert spec is not None
-    validation = image_split("validation", limit=spec["validation"]["limit"])
+    validation = digit_split("validation", limit=spec["validation"]["limit"])
     assert len(validation.labels) == spec["validation"]["images"]
     with edgeinfer.load(mnist_early_exit_package, threads=2) as model:
         results = model.classify(validation.images, batch_size=16)

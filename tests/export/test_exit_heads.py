@@ -13,9 +13,10 @@ import pytest
 import edgeinfer
 from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import ConfigError
-from edgeinfer.export.early_exit_calibrate import NEVER_EXIT, labelled_split
+from edgeinfer.export.data.topics import labelled_split
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.early_exit import SegmentRunner, first_exit, passes
+from edgeinfer.runtime.exit_curve import NEVER_EXIT
 from edgeinfer.runtime.tokenizer import TextTokenizer
 
 TEXTS = [

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from edgeinfer.config import RuntimeConfig
-from edgeinfer.export import package, quantize
-from edgeinfer.export.decoder_embed import quantize_embedding
+from edgeinfer.export import package
+from edgeinfer.export.decoder.embed import quantize_embedding
 from edgeinfer.export.options import ExportOptions
+from edgeinfer.export.passes import quantize
 from edgeinfer.export.run import export
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.generate import Generator

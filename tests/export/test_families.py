@@ -12,8 +12,8 @@ from families import FAMILIES, LONG, TEXTS, build, build_vit
 from tokenizers import Tokenizer
 
 import edgeinfer
-from edgeinfer.export.convert import prepare_tokenizer
 from edgeinfer.export.options import ExportOptions
+from edgeinfer.export.passes.convert import prepare_tokenizer
 from edgeinfer.export.run import export
 from edgeinfer.export.source import resolve_source
 

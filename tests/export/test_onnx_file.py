@@ -14,8 +14,11 @@ from onnx_models import accumulator, tiny_cnn
 import edgeinfer
 from edgeinfer.cli import main
 from edgeinfer.errors import ConfigError
-from edgeinfer.export import onnx_graph, preprocessing, tensors
+from edgeinfer.export import labels
+from edgeinfer.export.data import tensors
+from edgeinfer.export.onnx_file import user_graph
 from edgeinfer.export.options import ExportOptions, OnnxFileOptions
+from edgeinfer.export.vision import preprocessing
 from edgeinfer.package_io import RawIO, TensorSpec
 
 X = TensorSpec("x", "float32", (1, 4))
@@ -53,13 +56,13 @@ def test_state_pairs_are_found_by_name_or_given() -> None:
         TensorSpec("stateN", "float32", (2, 1, 8)),
         TensorSpec("hn", "float32", (1, 8)),
     )
-    assert onnx_graph.state_pairs(ins, outs) == [("state", "stateN"), ("h0", "hn")]
-    assert onnx_graph.state_pairs(ins, outs, ["x=y"]) == [("x", "y")]
+    assert user_graph.state_pairs(ins, outs) == [("state", "stateN"), ("h0", "hn")]
+    assert user_graph.state_pairs(ins, outs, ["x=y"]) == [("x", "y")]
     with pytest.raises(ConfigError, match="INPUT=OUTPUT"):
-        onnx_graph.state_pairs(ins, outs, ["x=nothing"])
-    assert onnx_graph.input_form((TensorSpec("pixels", "float32", ("n", 3, 8, 8)),)) == "image"
-    assert onnx_graph.input_form((TensorSpec("input_ids", "int64", ("b", "s")),)) == "text"
-    assert onnx_graph.input_form(ins, ["state", "h0"]) == "tensor"
+        user_graph.state_pairs(ins, outs, ["x=nothing"])
+    assert user_graph.input_form((TensorSpec("pixels", "float32", ("n", 3, 8, 8)),)) == "image"
+    assert user_graph.input_form((TensorSpec("input_ids", "int64", ("b", "s")),)) == "text"
+    assert user_graph.input_form(ins, ["state", "h0"]) == "tensor"
 
 
 def test_image_processor_configs_become_the_manifests_preprocessing(tmp_path: Path) -> None:
@@ -89,12 +92,12 @@ def test_image_processor_configs_become_the_manifests_preprocessing(tmp_path: Pa
 
 def test_labels_come_from_a_file_the_config_or_label_i(tmp_path: Path) -> None:
     (tmp_path / "labels.txt").write_text("cat\ndog\n\n")
-    assert preprocessing.read_labels(tmp_path / "labels.txt", count=2) == ("cat", "dog")
+    assert labels.read_labels(tmp_path / "labels.txt", count=2) == ("cat", "dog")
     with pytest.raises(ConfigError, match="holds 2 labels, but the model has 3"):
-        preprocessing.read_labels(tmp_path / "labels.txt", count=3)
-    assert preprocessing.default_labels({}, 2) == ("LABEL_0", "LABEL_1")
+        labels.read_labels(tmp_path / "labels.txt", count=3)
+    assert labels.default_labels({}, 2) == ("LABEL_0", "LABEL_1")
     named = {"id2label": {"0": "neg", "1": "pos"}}
-    assert preprocessing.default_labels(named, 2) == ("neg", "pos")
+    assert labels.default_labels(named, 2) == ("neg", "pos")
 
 
 # -- exports (slow)
@@ -126,13 +129,13 @@ def test_an_onnx_image_classifier_with_labels_and_user_calibration(
 ) -> None:
     from PIL import Image
 
-    from edgeinfer.export import images
+    from edgeinfer.export.data.photos import builtin_images
     from edgeinfer.export.run import export
 
     graph = tiny_cnn(tmp_path / "cnn.onnx")
     photos = tmp_path / "photos"
     photos.mkdir()
-    for i, view in enumerate(images.builtin_images("calibration", 16, size=48)):
+    for i, view in enumerate(builtin_images("calibration", 16, size=48)):
         Image.fromarray(view).save(photos / f"{i:02d}.png")
     (tmp_path / "labels.txt").write_text("cat\ndog\nbird\n")
     out = tmp_path / "pkg"
@@ -196,7 +199,7 @@ def test_an_onnx_text_folder_embeds_with_its_tokenizer(tmp_path: Path) -> None:
 
     from families import TEXTS, build
 
-    from edgeinfer.export import convert
+    from edgeinfer.export.passes import convert
     from edgeinfer.export.run import export
     from edgeinfer.export.source import resolve_source
 

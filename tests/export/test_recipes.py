@@ -13,8 +13,8 @@ import pytest
 from edgeinfer.cli import main
 from edgeinfer.errors import ConfigError, IntegrityError
 from edgeinfer.export import recipes
-from edgeinfer.export.builders import BUILDERS
 from edgeinfer.export.recipes import Recipe
+from edgeinfer.export.registry import BUILDERS
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = [r.name for r in recipes.all_recipes()]

@@ -15,7 +15,7 @@ import pytest
 import edgeinfer
 from edgeinfer.cli import main
 from edgeinfer.errors import SlowerQuantizationError
-from edgeinfer.export.calibrate import builtin_text, read_text_file
+from edgeinfer.export.data.text import builtin_text, read_text_file
 from edgeinfer.export.options import ExportOptions
 from edgeinfer.export.run import export
 from edgeinfer.export.source import resolve_source

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from edgeinfer.cli import main
-from edgeinfer.export import calibrate, distill, pareto, prune
+from edgeinfer.export.data.text import builtin_text, training_text
+from edgeinfer.export.encoder.students import distill, pareto, prune
 from edgeinfer.export.recipes import find
 from edgeinfer.manifest import Manifest
 
@@ -73,9 +74,7 @@ def test_pruning_keeps_the_most_important_units(tiny_bert: Path) -> None:
 
     teacher = distill.load_teacher(tiny_bert, "embed")
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_bert))  # type: ignore[no-untyped-call]
-    batches = distill.make_batches(
-        tokenizer, calibrate.training_text(24), seq_len=32, batch_tokens=256
-    )
+    batches = distill.make_batches(tokenizer, training_text(24), seq_len=32, batch_tokens=256)
     assert all(b.input_ids.numel() <= 256 for b in batches)
     heads, ffn = prune.importance(teacher, batches)
     assert heads.shape == (4, 4) and ffn.shape == (4, 64) and bool((heads > 0).all())
@@ -102,9 +101,9 @@ def test_export_distills_a_student_and_reports_every_candidate(
     tiny_bert: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     train = tmp_path / "train.txt"
-    train.write_text("\n".join(calibrate.training_text(160)) + "\n")
+    train.write_text("\n".join(training_text(160)) + "\n")
     held = tmp_path / "held.txt"
-    held.write_text("\n".join(calibrate.builtin_text("held", 24)) + "\n")
+    held.write_text("\n".join(builtin_text("held", 24)) + "\n")
     out = tmp_path / "student"
     argv = [
         "export", str(tiny_bert), "-o", str(out), "--task", "embed", "--quantize", "int8",

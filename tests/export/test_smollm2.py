@@ -11,8 +11,8 @@ import pytest
 
 from edgeinfer.config import RuntimeConfig, SamplingConfig
 from edgeinfer.errors import ContextLengthExceededError
-from edgeinfer.export.builders.decoder import GATE_MAX_PPL_INCREASE, GATE_MIN_AGREEMENT
-from edgeinfer.export.lm import full_logits
+from edgeinfer.export.decoder.builder import GATE_MAX_PPL_INCREASE, GATE_MIN_AGREEMENT
+from edgeinfer.export.decoder.lm import full_logits
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.generate import Generator
 

@@ -14,12 +14,12 @@ import pytest
 
 import edgeinfer
 from edgeinfer.errors import ConfigError, InputError
-from edgeinfer.export import images
+from edgeinfer.export.data import photos
 from edgeinfer.export.options import ExportOptions
-from edgeinfer.export.quantize import qdq_problems
+from edgeinfer.export.passes.quantize import qdq_problems
 from edgeinfer.export.run import export
 from edgeinfer.package_io import ImageClassifierIO, ImageSpec
-from edgeinfer.runtime.images import pictures_to_batch
+from edgeinfer.runtime.pictures import pictures_to_batch
 from edgeinfer.runtime.tasks import prepare_images
 
 
@@ -31,36 +31,36 @@ def _top1(model: edgeinfer.Model, views: np.ndarray) -> list[str]:
 
 
 def test_builtin_splits_are_deterministic_and_come_from_different_photos() -> None:
-    calibration = images.builtin_images("calibration", 6, size=64)
-    gate = images.builtin_images("gate", 30, size=64)
+    calibration = photos.builtin_images("calibration", 6, size=64)
+    gate = photos.builtin_images("gate", 30, size=64)
     assert calibration.shape == (6, 64, 64, 3) and gate.shape == (30, 64, 64, 3)
     assert calibration.dtype == np.uint8
-    np.testing.assert_array_equal(gate, images.builtin_images("gate", 30, size=64))
-    calibration_photos, gate_photos = images.photos("calibration"), images.photos("gate")
+    np.testing.assert_array_equal(gate, photos.builtin_images("gate", 30, size=64))
+    calibration_photos, gate_photos = photos.photos("calibration"), photos.photos("gate")
     assert len(gate_photos) >= 12 and len(calibration_photos) >= 5
     for photo in calibration_photos:  # no photo is in both splits
         assert not any(p.shape == photo.shape and np.array_equal(p, photo) for p in gate_photos)
     # the gate starts with every whole scene, then their mirrors
     np.testing.assert_array_equal(gate[0][:, ::-1], gate[len(gate_photos)])
-    turned = images.builtin_images("gate", 4, size=64, rotate=True)
+    turned = photos.builtin_images("gate", 4, size=64, rotate=True)
     np.testing.assert_array_equal(turned[0], gate[0])
     assert not np.array_equal(turned[1], gate[1])  # view 1 is turned by 90 degrees
 
 
 def test_read_images_forms(tmp_path: Path) -> None:
-    views = images.builtin_images("gate", 3, size=32)
+    views = photos.builtin_images("gate", 3, size=32)
     np.save(tmp_path / "views.npy", views)
-    np.testing.assert_array_equal(images.read_images(tmp_path / "views.npy", size=32), views)
+    np.testing.assert_array_equal(photos.read_images(tmp_path / "views.npy", size=32), views)
     from PIL import Image
 
     folder = tmp_path / "photos"
     folder.mkdir()
     Image.fromarray(np.zeros((40, 60, 3), np.uint8)).save(folder / "a.png")
-    assert images.read_images(folder, size=32).shape == (1, 32, 32, 3)
+    assert photos.read_images(folder, size=32).shape == (1, 32, 32, 3)
     with pytest.raises(ConfigError, match="uint8 RGB"):
-        images.read_images(tmp_path / "views.npy", size=16)
+        photos.read_images(tmp_path / "views.npy", size=16)
     with pytest.raises(ConfigError, match="does not exist"):
-        images.read_images(tmp_path / "missing", size=32)
+        photos.read_images(tmp_path / "missing", size=32)
 
 
 def test_prepare_images_normalizes_and_validates() -> None:
@@ -123,7 +123,7 @@ def test_static_int8_is_qdq_and_agrees_with_fp32(effnet_int8: Path, effnet_fp32:
     assert gate["value"]["passed"] and gate["value"]["mean"] >= 1 - gate["max_accuracy_loss"]
     ops = {n.op_type for n in onnx.load(str(effnet_int8 / "model.onnx")).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops
-    views = images.builtin_images("gate", 4, size=224)  # four whole photos
+    views = photos.builtin_images("gate", 4, size=224)  # four whole photos
     with edgeinfer.load(effnet_int8) as int8, edgeinfer.load(effnet_fp32) as fp32:
         assert _top1(int8, views) == _top1(fp32, views)
         pixels = prepare_images(views, image=int8.manifest.io_as(ImageClassifierIO).image)
@@ -165,7 +165,7 @@ def test_npu_qnn_is_pure_qdq_with_fixed_shapes(effnet_qnn: Path, effnet_fp32: Pa
     assert manifest["io"]["kind"] == "image-classifier"
     assert manifest["quantization"]["rules"] == "qnn"
     assert manifest["accuracy"]["value"]["passed"]
-    views = images.builtin_images("gate", 3, size=224)  # 3 images through a batch-1 graph
+    views = photos.builtin_images("gate", 3, size=224)  # 3 images through a batch-1 graph
     with edgeinfer.load(effnet_qnn, providers=["cpu"]) as qnn, edgeinfer.load(effnet_fp32) as fp32:
         assert _top1(qnn, views) == _top1(fp32, views)
 
@@ -187,6 +187,6 @@ def test_gpu_cuda_fp16_runs_on_cpu(
     manifest = json.loads((out / "manifest.json").read_text())
     assert [v["dtype"] for v in manifest["io"]["inputs"]] == ["float32"]  # fp32 I/O
     assert manifest["precision"] == "fp16" and manifest["accuracy"]["value"]["passed"]
-    views = images.builtin_images("gate", 4, size=224)
+    views = photos.builtin_images("gate", 4, size=224)
     with edgeinfer.load(out, providers=["cpu"]) as half, edgeinfer.load(effnet_fp32) as full:
         assert _top1(half, views) == _top1(full, views)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from edgeinfer.errors import MissingDependencyError
-from edgeinfer.export.chat_template import chat_format
-from edgeinfer.runtime.chat import render_chat
+from edgeinfer.export.decoder.chat_template import chat_format
+from edgeinfer.runtime.generate.chat import render_chat
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from build_tiny_decoder import CHAT_TEMPLATE

@@ -11,10 +11,9 @@ import pytest
 
 from edgeinfer.config import RuntimeConfig, SamplingConfig
 from edgeinfer.manifest import Manifest
-from edgeinfer.runtime import decoding, kvcache
-from edgeinfer.runtime.generate import Generator
-from edgeinfer.runtime.lookup import PromptLookup, accept_greedy
-from edgeinfer.runtime.sampling import Sampler
+from edgeinfer.runtime.generate import Generator, decoding, kvcache
+from edgeinfer.runtime.generate.lookup import PromptLookup, accept_greedy
+from edgeinfer.runtime.generate.sampling import Sampler
 
 PLAIN = SamplingConfig(draft_tokens=0)
 

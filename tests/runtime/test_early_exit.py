@@ -12,7 +12,7 @@ import pytest
 import edgeinfer
 from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import ConfigError
-from edgeinfer.export.early_exit_calibrate import SplitTrace, calibrate_policies
+from edgeinfer.export.early_exit.segments import calibrate_policies
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.early_exit import (
     EXIT_POLICIES,
@@ -22,6 +22,7 @@ from edgeinfer.runtime.early_exit import (
     passes,
     validate_threshold,
 )
+from edgeinfer.runtime.exit_curve import ExitTrace
 from edgeinfer.runtime.tokenizer import TextTokenizer
 
 TEXTS = [
@@ -98,7 +99,7 @@ def test_thresholds_are_validated_per_rule() -> None:
 
 def _trace(
     exit_labels: list[list[int]], truth: list[int], confidence: list[list[float]]
-) -> SplitTrace:
+) -> ExitTrace:
     """A trace of N inputs over E heads: head e predicts ``exit_labels[e][n]`` with
     probability ``confidence[e][n]``; each head takes 1 ms."""
     logits = np.stack(
@@ -108,7 +109,7 @@ def _trace(
         ]
     )
     heads, n = logits.shape[:2]
-    return SplitTrace(
+    return ExitTrace(
         logits=logits,
         segment_ms=np.ones((heads, n)),
         labels=np.asarray(truth, dtype=np.int64),

@@ -12,11 +12,11 @@ import pytest
 
 from edgeinfer.config import RuntimeConfig, SamplingConfig
 from edgeinfer.errors import ConfigError, ContextLengthExceededError, InputError
-from edgeinfer.export.lm import full_logits
+from edgeinfer.export.decoder.lm import full_logits
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.generate import Generator
-from edgeinfer.runtime.sampling import Sampler
-from edgeinfer.runtime.streaming import TextStream
+from edgeinfer.runtime.generate.sampling import Sampler
+from edgeinfer.runtime.generate.streaming import TextStream
 
 PROMPTS = ["The market rose", "Chelsea won the cup after a long season of"]
 CHAT = [{"role": "user", "content": "Name three rivers in Europe."}]

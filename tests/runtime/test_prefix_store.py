@@ -20,7 +20,7 @@ from kv_io import decoder_io
 from edgeinfer.config import PrefixCacheConfig, RuntimeConfig
 from edgeinfer.manifest import FileEntry, Manifest, sha256_file
 from edgeinfer.runtime.generate import Generator
-from edgeinfer.runtime.prefix_store import PrefixStore
+from edgeinfer.runtime.generate.prefix_store import PrefixStore
 
 SYSTEM = "You answer for the bottling plant. Valves are numbered from the tank outwards."
 CHAT = [
@@ -141,7 +141,7 @@ def test_a_damaged_file_is_deleted_and_recomputed(
         data = bytearray()
     path.write_bytes(bytes(data))
     restarted = generator(tiny_package, tmp_path)
-    with caplog.at_level(logging.WARNING, logger="edgeinfer.runtime.prefix_store"):
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.runtime.generate.prefix_store"):
         assert restarted.generate(CHAT, max_new_tokens=8).text == expected
     assert restarted.prefix_from_disk == 0
     assert "deleting it" in caplog.text

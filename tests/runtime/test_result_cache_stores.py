@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from edgeinfer.config import CacheConfig
-from edgeinfer.runtime.result_cache import ResultCache
-from edgeinfer.runtime.result_stores import ENTRY_OVERHEAD_BYTES, MemoryStore, SqliteStore
+from edgeinfer.runtime.cache.results import ResultCache
+from edgeinfer.runtime.cache.stores import ENTRY_OVERHEAD_BYTES, MemoryStore, SqliteStore
 from edgeinfer.runtime.tasks import ClassificationCodec, ClassificationResult, EmbeddingCodec
 
 
@@ -166,7 +166,7 @@ _WRITER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from edgeinfer.runtime.result_stores import SqliteStore
+    from edgeinfer.runtime.cache.stores import SqliteStore
     path, tag, count = Path(sys.argv[1]), sys.argv[2].encode(), int(sys.argv[3])
     store = SqliteStore(path, capacity_bytes=2**30, ttl_s=None)
     print("ready", flush=True)

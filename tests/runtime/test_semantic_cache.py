@@ -13,7 +13,7 @@ import pytest
 import edgeinfer
 from edgeinfer import CacheConfig, SemanticCacheConfig
 from edgeinfer.errors import ConfigError
-from edgeinfer.runtime.semantic_cache import SemanticCache, calibrate_threshold, threshold_curve
+from edgeinfer.runtime.cache.semantic import SemanticCache, calibrate_threshold, threshold_curve
 
 
 def _unit(*rows: Sequence[float]) -> np.ndarray:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer import footprint
+from edgeinfer.bench import footprint
 from edgeinfer.manifest import Manifest
 
 HERE = Path(__file__).resolve().parent
@@ -37,7 +37,7 @@ WORKER = HERE / "worker.py"
 # so such a step is a coin toss between them; any other difference fails the check.
 NEAR_TIE_LOGITS = 0.25
 MIN_COSINE = 0.999
-# Cosine floors of the export's gate (edgeinfer/export/validate.py): mean >= 1 - loss,
+# Cosine floors of the export's gate (edgeinfer/export/passes/validate.py): mean >= 1 - loss,
 # min >= 1 - 3 * loss.
 MIN_COSINE_SLACK = 3.0
 # The cores of the Raspberry Pi 4 (BCM2711, Cortex-A72 r0p3: no dot product, no crypto) and of

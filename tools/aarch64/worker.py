@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
 
-    from edgeinfer import footprint
+    from edgeinfer.bench import footprint
     from edgeinfer.runtime import load
 
     libraries = footprint.memory_usage()

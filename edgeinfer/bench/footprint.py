@@ -1,0 +1,297 @@
+"""What the runtime costs on a device: the installed size of the distributions it needs and the
+resident memory (RSS) of a process serving a package.
+
+``python -m edgeinfer.bench.footprint PKG`` measures a fresh process that imports the runtime, loads
+PKG and answers one request, so the numbers hold no CLI, no test runner and no other model;
+``edgeinfer inspect PKG --footprint`` runs it. Runtime layer: stdlib plus ``edgeinfer.runtime``
+(numpy, onnxruntime, tokenizers), imported only when a package is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as metadata
+import json
+import platform
+import re
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.errors import EdgeInferError, InferenceError
+
+__all__ = [
+    "RUNTIME_REQUIREMENT",
+    "DistributionSize",
+    "MemoryUsage",
+    "ServingFootprint",
+    "distribution_sizes",
+    "loaded_distributions",
+    "measure_serving",
+    "measure_serving_in_subprocess",
+    "memory_usage",
+    "requirement_closure",
+]
+
+# What a device installs for the runtime on CPU: the core dependencies plus the `cpu` extra.
+RUNTIME_REQUIREMENT = "edgeinfer[cpu]"
+# One short request of each kind: enough to touch every graph and buffer once.
+SAMPLE_TEXTS = ("The bank raised rates.", "A river runs through the old town.")
+SAMPLE_PROMPT = "The capital of France is"
+SAMPLE_NEW_TOKENS = 16
+_REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?")
+_EXTRA_MARKER = re.compile(r"""extra\s*==\s*['"]([^'"]+)['"]""")
+# Imported by `site` at start-up through .pth files (setuptools', virtualenv's), not by the runtime.
+_STARTUP_HOOKS = frozenset({"_distutils_hack", "_virtualenv"})
+
+
+@dataclass(frozen=True)
+class DistributionSize:
+    """One installed distribution: its files as recorded at install time, summed."""
+
+    name: str
+    version: str
+    bytes: int
+    files: int
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    """A process's resident memory now (``rss_bytes``) and at its highest (``peak_rss_bytes``)."""
+
+    rss_bytes: int
+    peak_rss_bytes: int
+
+
+@dataclass(frozen=True)
+class ServingFootprint:
+    """The footprint of one process serving one package.
+
+    Attributes:
+        package: the package folder.
+        task: the package's task (embed, classify, generate).
+        machine: ``platform.machine()`` of the process (x86_64, aarch64, ...).
+        libraries: memory after importing the runtime, before loading the package.
+        serving: memory after loading the package and answering one request.
+        distributions: the non-stdlib distributions the process imported, with their sizes.
+    """
+
+    package: str
+    task: str
+    machine: str
+    libraries: MemoryUsage
+    serving: MemoryUsage
+    distributions: tuple[DistributionSize, ...]
+
+    @property
+    def installed_bytes(self) -> int:
+        """The installed size of every distribution the serving process imported."""
+        return sum(d.bytes for d in self.distributions)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        out = asdict(self)
+        out["installed_bytes"] = self.installed_bytes
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ServingFootprint:
+        """The inverse of ``to_dict``."""
+        return cls(
+            package=data["package"],
+            task=data["task"],
+            machine=data["machine"],
+            libraries=MemoryUsage(**data["libraries"]),
+            serving=MemoryUsage(**data["serving"]),
+            distributions=tuple(DistributionSize(**d) for d in data["distributions"]),
+        )
+
+
+def memory_usage() -> MemoryUsage:
+    """This process's resident memory: ``VmRSS``/``VmHWM`` on Linux, else the peak for both."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        if "VmRSS" in fields and "VmHWM" in fields:
+            return MemoryUsage(
+                rss_bytes=_kib(fields["VmRSS"]), peak_rss_bytes=_kib(fields["VmHWM"])
+            )
+    import resource  # not on Windows; Linux takes the branch above
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak_bytes = peak if sys.platform == "darwin" else peak * 1024  # macOS counts bytes
+    return MemoryUsage(rss_bytes=peak_bytes, peak_rss_bytes=peak_bytes)
+
+
+def _kib(value: str) -> int:
+    return int(value.split()[0]) * 1024  # "12345 kB"
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _index(path: Sequence[str] | None) -> dict[str, metadata.Distribution]:
+    """Installed distributions by normalized name; the first on the path wins, as for imports."""
+    found: dict[str, metadata.Distribution] = {}
+    search = list(path) if path is not None else sys.path
+    for dist in metadata.distributions(path=search):
+        name = dist.metadata["Name"]
+        if name:  # a half-removed distribution can leave metadata without a name
+            found.setdefault(_normalize(name), dist)
+    return found
+
+
+def distribution_sizes(
+    names: Iterable[str], *, path: Sequence[str] | None = None
+) -> list[DistributionSize]:
+    """The installed size of each named distribution found on ``path`` (default: ``sys.path``).
+
+    The size is the sum of the files the installer recorded (RECORD: code, libraries,
+    compiled bytecode, metadata). Names not installed there are left out.
+    """
+    index = _index(path)
+    sizes = []
+    for name in dict.fromkeys(_normalize(n) for n in names):
+        dist = index.get(name)
+        if dist is None:
+            continue
+        total = count = 0
+        for file in dist.files or ():
+            located = Path(str(dist.locate_file(file)))
+            if located.is_file():
+                total += located.stat().st_size
+                count += 1
+        sizes.append(DistributionSize(dist.metadata["Name"], dist.version, total, count))
+    return sorted(sizes, key=lambda d: d.bytes, reverse=True)
+
+
+def requirement_closure(
+    requirement: str = RUNTIME_REQUIREMENT, *, path: Sequence[str] | None = None
+) -> list[str]:
+    """The installed distributions that ``requirement`` pulls in, itself included.
+
+    Follows ``Requires-Dist`` through the requested extras. Environment markers other than
+    ``extra`` are not evaluated: a requirement whose distribution is not installed is skipped,
+    which is what its marker decided when it was installed.
+    """
+    index = _index(path)
+    order: list[str] = []
+    pending = [requirement]
+    seen: dict[str, set[str]] = {}
+    while pending:
+        match = _REQUIREMENT.match(pending.pop())
+        if match is None:
+            continue
+        name = _normalize(match.group(1))
+        extras = {e.strip() for e in (match.group(2) or "").split(",") if e.strip()}
+        if name not in index or (name in seen and extras <= seen[name]):
+            continue
+        if name not in seen:
+            order.append(name)
+        seen[name] = seen.get(name, set()) | extras
+        for line in index[name].requires or ():
+            spec, _, marker = line.partition(";")
+            wanted = set(_EXTRA_MARKER.findall(marker))
+            if not wanted or wanted & seen[name]:
+                pending.append(spec)
+    return order
+
+
+def loaded_distributions() -> list[str]:
+    """The distributions whose top-level modules this process has imported (no stdlib)."""
+    tops = {name.partition(".")[0] for name in list(sys.modules)}
+    tops -= set(sys.stdlib_module_names) | set(sys.builtin_module_names) | _STARTUP_HOOKS
+    owners = metadata.packages_distributions()
+    return sorted({dist for top in tops for dist in owners.get(top, ())})
+
+
+def measure_serving(package: str | Path, *, threads: int | None = None) -> ServingFootprint:
+    """Import the runtime, load ``package``, answer one request; measure memory at each step.
+
+    Call it in a fresh process (``measure_serving_in_subprocess``): memory that the process
+    already holds counts as the package's.
+    """
+    from edgeinfer.runtime import load
+
+    libraries = memory_usage()
+    model = load(package, threads=threads)
+    if model.task == "generate":
+        model.generate(SAMPLE_PROMPT, max_new_tokens=SAMPLE_NEW_TOKENS)
+    elif model.task == "classify":
+        model.classify(list(SAMPLE_TEXTS))
+    else:
+        model.embed(list(SAMPLE_TEXTS))
+    serving = memory_usage()
+    model.close()
+    return ServingFootprint(
+        package=str(package),
+        task=model.task,
+        machine=platform.machine(),
+        libraries=libraries,
+        serving=serving,
+        distributions=tuple(distribution_sizes(loaded_distributions())),
+    )
+
+
+def measure_serving_in_subprocess(
+    package: str | Path,
+    *,
+    threads: int | None = None,
+    python: str = sys.executable,
+    timeout_s: float = 900.0,
+) -> ServingFootprint:
+    """``measure_serving`` in a fresh ``python`` process (default: this interpreter).
+
+    Raises:
+        InferenceError: the process failed or timed out (its last error line is quoted).
+    """
+    command = [python, "-m", "edgeinfer.bench.footprint", str(package), "--json"]
+    if threads is not None:
+        command += ["--threads", str(threads)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        raise InferenceError(
+            f"measuring the footprint of {package} took over {timeout_s:.0f} s; "
+            "run `python -m edgeinfer.bench.footprint PKG` to see where it stops"
+        ) from exc
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise InferenceError(f"measuring the footprint of {package} failed: {last}")
+    return ServingFootprint.from_dict(json.loads(done.stdout))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m edgeinfer.bench.footprint PKG [--threads N] [--json]``; exit 2 on an error."""
+    parser = argparse.ArgumentParser(
+        prog="python -m edgeinfer.bench.footprint", description=__doc__
+    )
+    parser.add_argument("package", help="package folder")
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads")
+    parser.add_argument("--json", action="store_true", help="print as JSON")
+    args = parser.parse_args(argv)
+    try:
+        found = measure_serving(args.package, threads=args.threads)
+    except EdgeInferError as exc:
+        sys.stderr.write(f"error ({exc.code}): {exc}\n")
+        return 2
+    if args.json:
+        sys.stdout.write(json.dumps(found.to_dict(), indent=2) + "\n")
+        return 0
+    mb = 1e6
+    sys.stdout.write(
+        f"{found.package} ({found.task}, {found.machine}): "
+        f"RSS {found.serving.rss_bytes / mb:.0f} MB serving "
+        f"(peak {found.serving.peak_rss_bytes / mb:.0f}, libraries alone "
+        f"{found.libraries.rss_bytes / mb:.0f}); the distributions it imported: "
+        f"{found.installed_bytes / mb:.1f} MB installed\n"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

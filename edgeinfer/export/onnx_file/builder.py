@@ -1,0 +1,186 @@
+"""An ONNX file a user already holds (exported by their training stack, or a ready model such
+as a voice-activity detector), as a package.
+
+check (``onnx.checker``, strict shape inference, onnxruntime loads it) -> the original graph's
+outputs on held inputs (the reference: the user's fp32 ONNX itself) -> onnxruntime's
+hardware-independent optimizations (parity with the original) -> quantization for the target
+(dynamic int8 on CPUs, static QDQ calibrated on the user's data for NPUs or when asked, fp16 for
+GPUs) -> the gate against the original on held inputs -> package. The graph's form decides
+the package kind (``forms.py``): images, token ids or any tensors (``raw``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.errors import ConfigError, ParityError
+from edgeinfer.export import package
+from edgeinfer.export.builder import GraphBuilder
+from edgeinfer.export.context import Candidate
+from edgeinfer.export.onnx_file import user_graph
+from edgeinfer.export.onnx_file.forms import Form, ImageForm, RawForm, TextForm
+from edgeinfer.export.options import OnnxFileOptions
+from edgeinfer.export.passes import ort_compat, quantize
+from edgeinfer.export.passes.validate import Accuracy, load_candidate
+from edgeinfer.package_io import PackageIO
+
+__all__ = ["OnnxFileBuilder", "detect_task"]
+
+
+def detect_task(inputs: Any, outputs: Any) -> str:
+    """``--task auto`` for a graph: image or token-id graphs with class logits [N, C]
+    classify, token-id graphs with other outputs embed, everything else is raw."""
+    form = user_graph.input_form(inputs)
+    logits = len(outputs) == 1 and len(outputs[0].shape) == 2
+    if form == "image" and logits:
+        return "classify"
+    if form == "text":
+        return "embed" if len(outputs[0].shape) == 3 else "classify"
+    return "raw"
+
+
+def _quantized_ops(graph: Path) -> int:
+    """How many nodes of ``graph`` (subgraphs included) run in integers."""
+    import onnx
+
+    def count(nodes: Any) -> int:
+        total = 0
+        for node in nodes:
+            total += "Integer" in node.op_type or "Quant" in node.op_type
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    total += count(attribute.g.node)
+        return total
+
+    return count(onnx.load(str(graph)).graph.node)
+
+
+class OnnxFileBuilder(GraphBuilder):
+    """Any ONNX graph into an image-classifier, text or raw package."""
+
+    name = "onnx-file"
+    tasks = ("classify", "embed", "raw")
+    cpu_only = False
+    options_type = OnnxFileOptions
+
+    def build(self) -> None:
+        run = self.run
+        original = run.source.path / str(run.source.onnx_file)
+        with run.stage("check"):
+            user_graph.check(original)
+            inputs, outputs = package.read_io(original)
+            self.form = self._form(inputs, outputs)
+            self.form.load()
+            self.side_files, self.tokens = self.form.files, self.form.tokens
+        with run.stage("reference"):
+            self.reference = self._evaluate(self.candidate("onnx-fp32", original, "fp32"))
+        with run.stage("optimize"):
+            fp32_graph = run.work / "fp32.onnx"
+            user_graph.optimize(original, fp32_graph)
+            if run.quant.fixed_batch is not None and isinstance(self.form, ImageForm):
+                ort_compat.fix_batch(fp32_graph, fp32_graph, batch=run.quant.fixed_batch)
+            quantized = run.quant.mode != "none"
+            fp32 = run.add(self.candidate("fp32", fp32_graph, "fp32", requested=not quantized))
+            accuracy = self._measure(fp32)
+            if not accuracy.is_parity():
+                raise ParityError(
+                    f"the optimized fp32 graph does not reproduce {original.name} "
+                    f"({fp32.measured.summary}); this is an onnxruntime optimizer bug, please "
+                    "report it with the model"
+                )
+        if quantized:
+            with run.stage("quantize"):
+                candidate = self._quantized(fp32_graph, fp32)
+                if _quantized_ops(candidate.files[package.GRAPH_NAME]) or candidate.name == "fp16":
+                    self._measure(run.add(candidate))
+                else:
+                    fp32.requested = True
+                    run.report.warnings.append(
+                        f"{original.name} has no operator the {run.quant.mode} quantizer takes "
+                        "(MatMul, Gemm, Conv, LSTM, ...): shipped fp32"
+                    )
+
+    def _form(self, inputs: Any, outputs: Any) -> Form:
+        task, name = self.run.task, self.run.source.onnx_file
+        form = user_graph.input_form(inputs)
+        if task == "raw":
+            return RawForm(self.run, inputs, outputs)
+        if form == "text":
+            return TextForm(self.run, inputs, outputs)
+        if form == "image" and task == "classify":
+            if len(outputs[0].shape) != 2:
+                raise ConfigError(
+                    f"{name}'s first output {outputs[0].name} {list(outputs[0].shape)} is not "
+                    "class logits [N, C]; export it with --task raw"
+                )
+            return ImageForm(self.run, inputs, outputs)
+        taken = ", ".join(f"{s.name} {s.dtype} {list(s.shape)}" for s in inputs)
+        raise ConfigError(
+            f"--task {task} takes a graph of token ids (input_ids, with its tokenizer.json) or "
+            f"of images [N, 3, H, W] for classify; {name} takes {taken}: export it with "
+            "--task raw"
+        )
+
+    def _quantized(self, fp32_graph: Path, fp32: Candidate) -> Candidate:
+        run = self.run
+        quant = run.quant
+        name = "fp16" if quant.mode == "fp16" else "int8"
+        graph = run.work / f"{name}.onnx"
+        info: dict[str, Any] = {"mode": quant.mode}
+        if quant.mode == "fp16":
+            quantize.convert_fp16(fp32_graph, graph)
+        elif quant.mode == "int8":
+            quantize.quantize_dynamic_any(fp32_graph, graph, quant)
+            info.update(mode="int8-dynamic", per_channel=quant.per_channel)
+        else:
+            feeds = self.form.calibration_feeds(fp32_graph, run.stage_candidate(fp32))
+            quant = run.calibrated(len(feeds))
+            kept = quantize.quantize_static_cnn(fp32_graph, graph, quant, feeds=feeds)
+            info.update(quantize.static_info(quant, kept))
+        return self.candidate(name, graph, name, requested=True, quantization=info)
+
+    def graph_io(self, graph: Path) -> PackageIO:
+        return self.form.io(graph)
+
+    def _evaluate(self, candidate: Candidate) -> Any:
+        with load_candidate(self.run.stage_candidate(candidate), self.run.threads) as model:
+            return self.form.evaluate(model)
+
+    def _measure(self, candidate: Candidate) -> Accuracy:
+        accuracy, details, where = self.form.score(self.reference, self._evaluate(candidate))
+        value = (
+            f"relative error {1 - accuracy.mean:.4g}"
+            if accuracy.metric == "relative_error"
+            else f"{accuracy.metric} {accuracy.mean:.4f}"
+        )
+        self.gate(
+            candidate, accuracy, f"{candidate.name} {value} vs the fp32 ONNX on {where}", **details
+        )
+        return accuracy
+
+    def probe(self, candidate: Candidate) -> Callable[[], object] | None:
+        if not self.run.options.target.startswith("cpu-"):
+            return None  # an accelerator's speed is not this machine's
+        model = load_candidate(self.run.stage_candidate(candidate), self.run.threads)
+        return self.form.probe(model)
+
+    def slower_hint(self, candidate: Candidate) -> str:
+        if self.run.quant.mode == "int8" and isinstance(self.form, ImageForm):
+            return "; try --quantize int8-static"
+        return ""
+
+    def accuracy(self, chosen: Candidate) -> dict[str, Any]:
+        variants = self.run.report.variants
+        return {
+            "metric": chosen.measured.metric,
+            "reference": "onnx-fp32",
+            "eval_data": self.form.eval_name,
+            "max_accuracy_loss": self.run.max_accuracy_loss,
+            "fp32": variants["fp32"]["accuracy"],
+            "value": variants[chosen.name]["accuracy"],
+        }
+
+    def smoke_inputs(self, chosen: Candidate) -> list[Any]:
+        return self.form.smoke_inputs()

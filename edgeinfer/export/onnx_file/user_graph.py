@@ -1,0 +1,114 @@
+"""A user's ONNX graph: checked, described (inputs, outputs, what it takes, its state) and
+optimized for any CPU before it is quantized.
+
+The checks run before anything else, so a damaged or unsupported file is refused with a clear
+message (exit 2) instead of failing half-way: ``onnx.checker`` (full), strict shape inference,
+and an onnxruntime session (the runtime that will serve it must load it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from edgeinfer.errors import ConfigError
+from edgeinfer.export.passes import ort_compat
+from edgeinfer.package_io import TensorSpec
+
+__all__ = ["InputForm", "check", "input_form", "metadata", "optimize", "state_pairs"]
+
+log = logging.getLogger(__name__)
+
+InputForm = Literal["image", "text", "tensor"]
+# Output names that carry an input's state to the next call: input name -> candidates.
+_STATE_SUFFIXES = ("N", "n", "_out", "_new", ".out", "_next", "out")
+
+
+def check(graph: Path) -> None:
+    """Refuse a graph that ``onnx.checker``, shape inference or onnxruntime rejects."""
+    import onnx
+    import onnxruntime
+
+    name = graph.name
+    try:
+        model = onnx.load(str(graph))
+    except Exception as exc:  # protobuf raises DecodeError and others
+        raise ConfigError(f"{name} is not an ONNX model: {type(exc).__name__}: {exc}") from exc
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise ConfigError(f"{name} fails onnx.checker: {str(exc).strip()[:500]}") from exc
+    try:
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    except onnx.shape_inference.InferenceError as exc:
+        raise ConfigError(f"{name} fails ONNX shape inference: {str(exc).strip()[:500]}") from exc
+    try:
+        onnxruntime.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises its own pybind classes
+        raise ConfigError(
+            f"onnxruntime {onnxruntime.__version__} cannot load {name}: {str(exc)[:500]}"
+        ) from exc
+
+
+def metadata(graph: Path) -> dict[str, str]:
+    """The graph's ``metadata_props`` (key -> value)."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    return {p.key: p.value for p in model.metadata_props}
+
+
+def input_form(inputs: Sequence[TensorSpec], state: Sequence[str] = ()) -> InputForm:
+    """What the graph takes: ``image`` (one float [N, 3, H, W] input), ``text`` (token ids
+    named ``input_ids``) or any other ``tensor``."""
+    fed = [spec for spec in inputs if spec.name not in state]
+    names = {spec.name: spec for spec in fed}
+    ids = names.get("input_ids")
+    if ids is not None and ids.dtype in ("int64", "int32"):
+        return "text"
+    if len(fed) == 1 and fed[0].dtype == "float32" and len(fed[0].shape) == 4:
+        if fed[0].shape[1] == 3:
+            return "image"
+    return "tensor"
+
+
+def state_pairs(
+    inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], given: Sequence[str] = ()
+) -> list[tuple[str, str]]:
+    """The (state input, state output) pairs: ``given`` as ``IN=OUT``; else found by name (an
+    output named like the input plus ``N``/``_out``/..., ``past*`` -> ``present*``,
+    ``h0`` -> ``hn``) with the same element type and rank."""
+    ins = {spec.name: spec for spec in inputs}
+    outs = {spec.name: spec for spec in outputs}
+    if given:
+        pairs = []
+        for item in given:
+            name_in, sep, name_out = item.partition("=")
+            if not sep or name_in not in ins or name_out not in outs:
+                raise ConfigError(
+                    f"state {item!r} must be INPUT=OUTPUT with names of the graph: inputs "
+                    f"{sorted(ins)}, outputs {sorted(outs)}"
+                )
+            pairs.append((name_in, name_out))
+        return pairs
+    pairs = []
+    for name, spec in ins.items():
+        candidates = [name + suffix for suffix in _STATE_SUFFIXES]
+        if name.startswith("past"):
+            candidates.append("present" + name[4:])
+        if name.endswith("0"):
+            candidates.append(name[:-1] + "n")
+        for candidate in candidates:
+            out = outs.get(candidate)
+            if out is not None and out.dtype == spec.dtype and len(out.shape) == len(spec.shape):
+                pairs.append((name, candidate))
+                break
+    return pairs
+
+
+def optimize(graph: Path, out: Path) -> None:
+    """onnxruntime's hardware-independent optimizations (constant folding, redundant nodes,
+    fusions every CPU runs) and shape inference: ``ort_compat.preprocess``."""
+    ort_compat.preprocess_any(graph, out)

@@ -1,0 +1,356 @@
+"""Quantization with onnxruntime's quantizer, driven by a ``QuantConfig`` preset.
+
+Every onnxruntime-version workaround it relies on lives in ``ort_compat``, with its reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.config import QuantConfig
+from edgeinfer.errors import ConfigError
+from edgeinfer.export import package
+from edgeinfer.export.passes import ort_compat
+
+__all__ = [
+    "convert_fp16",
+    "qdq_problems",
+    "quantize_dynamic_any",
+    "quantize_dynamic_cnn",
+    "quantize_dynamic_int8",
+    "quantize_static_cnn",
+    "quantize_static_int8",
+    "static_info",
+]
+
+log = logging.getLogger(__name__)
+
+_EXTRA_OPTIONS = ort_compat.UNTYPED_AS_FLOAT
+
+
+def quantize_dynamic_int8(graph: Path, out_path: Path, config: QuantConfig) -> None:
+    """Dynamic int8: weights quantized at export, activations per run (no calibration)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(graph),
+        str(out_path),
+        op_types_to_quantize=list(config.ops_to_quantize),
+        per_channel=config.per_channel,
+        reduce_range=config.reduce_range,
+        weight_type=QuantType.QInt8,
+        extra_options=dict(_EXTRA_OPTIONS),
+    )
+
+
+class _TextReader:
+    """A ``CalibrationDataReader`` over pre-tokenized feeds (one text per run, unpadded)."""
+
+    def __init__(self, feeds: Sequence[dict[str, np.ndarray]]) -> None:
+        self._feeds: Iterator[dict[str, np.ndarray]] = iter(feeds)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._feeds, None)
+
+
+def quantize_static_int8(
+    graph: Path,
+    out_path: Path,
+    config: QuantConfig,
+    *,
+    feeds: Sequence[dict[str, np.ndarray]],
+    work_dir: Path,
+) -> None:
+    """Static int8 in QDQ form: activation ranges calibrated on ``feeds``, per-channel weights."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    prepped = work_dir / "preprocessed.onnx"
+    ort_compat.preprocess(graph, prepped, contrib_ops=True)
+    methods: dict[str, Any] = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }
+    quantize_static(
+        str(prepped),
+        str(out_path),
+        _TextReader(feeds),
+        quant_format=QuantFormat.QDQ,
+        op_types_to_quantize=list(config.ops_to_quantize),
+        per_channel=config.per_channel,
+        reduce_range=config.reduce_range,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=methods[config.calibration_method],
+        extra_options={**_EXTRA_OPTIONS, "ActivationSymmetric": config.activation_symmetric},
+    )
+
+
+def quantize_decoder_dynamic(graph: Path, out_path: Path, *, exclude: Sequence[str]) -> None:
+    """Dynamic int8 of a decoder graph's ``MatMul`` weights, per output channel, with
+    ``exclude`` kept fp32.
+
+    The weights are unsigned: ``ort_compat.DECODER_WEIGHT_TYPE`` says why.
+    """
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(graph),
+        str(out_path),
+        op_types_to_quantize=["MatMul"],
+        per_channel=True,
+        weight_type=getattr(QuantType, ort_compat.DECODER_WEIGHT_TYPE),
+        nodes_to_exclude=list(exclude),
+        extra_options={**_EXTRA_OPTIONS, "MatMulConstBOnly": True},
+    )
+
+
+WEIGHT_ONLY_ALGORITHMS = ("rtn", "rtn-asym", "k_quant", "hqq")
+
+
+def quantize_weight_only(
+    graph: Path,
+    out_path: Path,
+    *,
+    bits: int,
+    block_size: int = 32,
+    exclude: Sequence[str] = (),
+    include: Sequence[str] | None = None,
+    accuracy_level: int = 4,
+    algorithm: str = "rtn",
+) -> None:
+    """Weight-only int8/int4 ``MatMulNBits`` (blockwise) of a decoder graph's ``MatMul``s:
+    those named in ``include`` (default: all) but not in ``exclude``.
+
+    accuracy_level 4 lets the CPU kernel quantize activations to int8 per block and use integer
+    dot products (VNNI/AVX2/sdot), the fastest path on CPUs; 1 keeps activations fp32 (weights
+    dequantized per block), slower but exact up to the weights. ``algorithm`` picks
+    onnxruntime's quantizer: ``rtn`` (round to nearest, symmetric), ``rtn-asym`` (with 4-bit
+    zero points), ``k_quant`` (llama.cpp-style scale search), ``hqq`` (half-quadratic, float
+    zero points: onnxruntime cannot prepack those and runs them on its slow unpacked path).
+    """
+    import onnx
+    from onnxruntime.quantization import matmul_nbits_quantizer as nbits
+
+    if algorithm not in WEIGHT_ONLY_ALGORITHMS:
+        raise ConfigError(f"unknown algorithm {algorithm!r}: use {WEIGHT_ONLY_ALGORITHMS}")
+    model = onnx.load(str(graph))
+    skipped = list(exclude)
+    if include is not None:  # onnxruntime's quantizer ignores nodes_to_include
+        wanted = set(include)
+        skipped += [
+            n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in wanted
+        ]
+    configs: dict[str, Any] = {
+        "k_quant": nbits.KQuantWeightOnlyQuantConfig,
+        "hqq": lambda: nbits.HQQWeightOnlyQuantConfig(block_size=block_size, bits=bits),
+    }
+    quantizer = nbits.MatMulNBitsQuantizer(
+        model,
+        bits=bits,
+        block_size=block_size,
+        is_symmetric=algorithm == "rtn",
+        accuracy_level=accuracy_level,
+        nodes_to_exclude=skipped,
+        algo_config=configs[algorithm]() if algorithm in configs else None,
+    )
+    quantizer.process()
+    package.save_graph(quantizer.model.model, out_path)
+
+
+# What dynamic int8 quantizes in a graph from anywhere (``quantize_dynamic_any``).
+DYNAMIC_OPS = ("MatMul", "Gemm", "Attention", "LSTM", "GRU", "EmbedLayerNormalization")
+_QUANT_TYPES = {"uint8": "QUInt8", "uint16": "QUInt16", "int8": "QInt8"}
+_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
+
+
+def quantize_dynamic_cnn(graph: Path, out_path: Path, config: QuantConfig) -> None:
+    """Dynamic int8 of a CNN's convolutions and Gemm (``ConvInteger``): activations are
+    quantized on every run. Kept so the speed guard can refuse it where it is slower."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(graph),
+        str(out_path),
+        op_types_to_quantize=["Conv", "Gemm", "MatMul"],
+        per_channel=config.per_channel,
+        reduce_range=config.reduce_range,
+        weight_type=QuantType.QInt8,
+    )
+
+
+def quantize_dynamic_any(graph: Path, out_path: Path, config: QuantConfig) -> None:
+    """Dynamic int8 of any graph's matrix products and recurrent cells (``DYNAMIC_OPS``),
+    inside control-flow branches too.
+
+    Convolutions stay fp32: dynamic ``ConvInteger`` quantizes every activation on every run,
+    which made EfficientNet-Lite0 8.5-10x slower than fp32 here and broke a voice detector's STFT
+    front end (relative error 0.91, 5 of 314 speech frames flagged; its int8 LSTM alone: 0.003,
+    all 314). Convolutional graphs take ``int8-static``.
+    """
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(graph),
+        str(out_path),
+        op_types_to_quantize=list(DYNAMIC_OPS),
+        per_channel=config.per_channel,
+        reduce_range=config.reduce_range,
+        weight_type=QuantType.QInt8,
+        extra_options={**_EXTRA_OPTIONS, "EnableSubgraph": True},
+    )
+
+
+def quantize_static_cnn(
+    graph: Path, out_path: Path, config: QuantConfig, *, feeds: Sequence[dict[str, np.ndarray]]
+) -> list[str]:
+    """Static QDQ of a pre-processed CNN graph, calibrated on ``feeds``; returns the nodes left
+    in fp32.
+
+    ``config.qdq_rules`` "qnn" builds the graph with onnxruntime's QNN helpers
+    (``qnn_preprocess_model``, then ``get_qnn_qdq_config``); "ort" with its generic quantizer,
+    per-channel weights and the AVX2 workarounds of ``ort_compat``.
+    """
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize,
+        quantize_static,
+    )
+
+    method = getattr(CalibrationMethod, _METHODS[config.calibration_method])
+    activations = getattr(QuantType, _QUANT_TYPES[config.activation_type])
+    weights = getattr(QuantType, _QUANT_TYPES[config.weight_type])
+    if config.qdq_rules == "qnn":
+        from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+        prepped = out_path.with_name(out_path.stem + "-qnn-pre.onnx")
+        source = prepped if ort_compat.qnn_preprocess(graph, prepped) else graph
+        qnn_config = get_qnn_qdq_config(
+            str(source),
+            _TextReader(feeds),
+            calibrate_method=method,
+            activation_type=activations,
+            weight_type=weights,
+            per_channel=config.per_channel,
+        )
+        quantize(str(source), str(out_path), qnn_config)
+        return []
+    model = onnx.load(str(graph))
+    keep_fp32 = ort_compat.float_input_nodes(model)
+    quantize_static(
+        str(graph),
+        str(out_path),
+        _TextReader(feeds),
+        quant_format=QuantFormat.QDQ,
+        per_channel=config.per_channel,
+        reduce_range=config.reduce_range,
+        activation_type=activations,
+        weight_type=weights,
+        calibrate_method=method,
+        nodes_to_exclude=keep_fp32,
+        extra_options={
+            "ActivationSymmetric": config.activation_symmetric,
+            "TensorQuantOverrides": ort_compat.avx2_weight_overrides(model),
+            "CalibPercentile": config.calibration_percentile,
+        },
+    )
+    return keep_fp32
+
+
+def static_info(config: QuantConfig, kept_fp32: list[str]) -> dict[str, Any]:
+    """The manifest's ``quantization`` fields of a static QDQ graph made with ``config``."""
+    info: dict[str, Any] = {
+        "format": "QDQ",
+        "rules": config.qdq_rules,
+        "activation_type": config.activation_type,
+        "weight_type": config.weight_type,
+        "per_channel": config.per_channel,
+        "reduce_range": config.reduce_range,
+        "calibration_method": config.calibration_method,
+        "calibration_size": config.calibration_size,
+        "kept_fp32": kept_fp32,
+    }
+    if config.calibration_method == "percentile":
+        info["calibration_percentile"] = config.calibration_percentile
+    return info
+
+
+def convert_fp16(graph: Path, out_path: Path) -> None:
+    """fp16 weights and activations with fp32 inputs and outputs; the ops in
+    ``ort_compat.FP16_KEEP_FP32_OPS`` stay fp32."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = convert_float_to_float16(
+        onnx.load(str(graph)), keep_io_types=True, op_block_list=list(ort_compat.FP16_KEEP_FP32_OPS)
+    )
+    onnx.save(model, str(out_path))
+
+
+_QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
+def qdq_problems(graph: Path) -> list[str]:
+    """Why ``graph`` is not a pure-QDQ graph with fixed shapes (empty list: it is one).
+
+    Checks: ``onnx.checker`` passes; every input, output and inferred tensor has a static
+    shape; every float tensor a compute node reads comes from a ``DequantizeLinear``; every
+    compute node's output goes only to ``QuantizeLinear`` nodes; graph inputs go only to a
+    ``QuantizeLinear`` and graph outputs come from a ``DequantizeLinear``.
+    """
+    import onnx
+
+    model = onnx.load(str(graph))
+    problems: list[str] = []
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as exc:
+        problems.append(f"onnx.checker: {exc}")
+    inferred = onnx.shape_inference.infer_shapes(model)
+    values = [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]
+    for value in values:
+        dims = value.type.tensor_type.shape.dim
+        if not dims and value.type.tensor_type.elem_type != 0:
+            continue  # a scalar (scales, zero points)
+        if any(d.dim_param or d.dim_value < 1 for d in dims):
+            problems.append(f"tensor {value.name} has a dynamic shape")
+    producer = {o: n for n in model.graph.node for o in n.output}
+    consumers: dict[str, list[Any]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    initializers = {i.name for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type in _QDQ_OPS:
+            continue
+        for name in node.input:
+            source = producer.get(name)
+            if (
+                name
+                and name not in initializers
+                and (source is None or source.op_type != "DequantizeLinear")
+            ):
+                problems.append(
+                    f"{node.op_type} {node.name} reads {name} not from a DequantizeLinear"
+                )
+        for name in node.output:
+            if any(c.op_type != "QuantizeLinear" for c in consumers.get(name, [])):
+                problems.append(
+                    f"{node.op_type} {node.name} feeds a node other than QuantizeLinear"
+                )
+    for value in model.graph.input:
+        if any(c.op_type != "QuantizeLinear" for c in consumers.get(value.name, [])):
+            problems.append(f"graph input {value.name} is read unquantized")
+    for value in model.graph.output:
+        source = producer.get(value.name)
+        if source is None or source.op_type != "DequantizeLinear":
+            problems.append(f"graph output {value.name} does not come from a DequantizeLinear")
+    return problems
