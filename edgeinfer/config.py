@@ -31,7 +31,7 @@ QUANT_MODES: tuple[str, ...] = ("none", "int8", "int8-static", "fp16")
 CalibrationMethod = Literal["minmax", "entropy", "percentile"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RuntimeConfig:
     """How the runtime builds its onnxruntime sessions.
 
@@ -77,7 +77,7 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "edgeinfer"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SemanticCacheConfig:
     """The opt-in semantic cache: answer a text from the nearest cached text when cosine >= τ.
 
@@ -103,7 +103,7 @@ class SemanticCacheConfig:
             raise ConfigError(f"max_entries must be >= 1, got {self.max_entries}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CacheConfig:
     """The result cache: an in-memory LRU in front of an optional SQLite file.
 
@@ -141,7 +141,7 @@ class CacheConfig:
         return (self.directory or default_cache_dir()) / f"results-{digest[:32]}.sqlite3"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PrefixCacheConfig:
     """The on-disk prefix KV cache of a ``generate`` package: a system prompt's keys and values
     survive a restart, so the first request after it prefills only the new tokens.
@@ -165,7 +165,7 @@ class PrefixCacheConfig:
         return self.directory or default_cache_dir() / "prefix-kv"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BatchConfig:
     """Dynamic micro-batching of concurrent ``embed``/``classify`` calls.
 
@@ -201,7 +201,7 @@ class BatchConfig:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QuantConfig:
     """How ``edgeinfer export`` optimizes and quantizes for one hardware target.
 
@@ -352,7 +352,7 @@ TARGETS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
     """How the next token is chosen during generation.
 

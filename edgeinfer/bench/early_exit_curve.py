@@ -21,14 +21,14 @@ from rich.table import Table
 from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import Manifest
-from edgeinfer.runtime.early_exit import EXIT_POLICIES, SegmentRunner
+from edgeinfer.runtime.early_exit import EXIT_POLICIES, ExitPolicy, SegmentRunner
 from edgeinfer.runtime.exit_curve import NEVER_EXIT, sweep, trace_inputs
 from edgeinfer.runtime.tokenizer import TextTokenizer
 
 __all__ = ["curve_table", "plot_curve", "run_curve"]
 
 # The rule and threshold that never exit early: full depth.
-_FULL = ("max_softmax", 2.0)
+_FULL: tuple[ExitPolicy, float] = ("max_softmax", 2.0)
 
 
 def _held_out(
@@ -60,7 +60,7 @@ def _held_out(
 def _measure(
     runner: SegmentRunner,
     inputs: list[tuple[np.ndarray, np.ndarray | None]],
-    rule: tuple[str, float],
+    rule: tuple[ExitPolicy, float],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Early exit under ``rule`` and full depth, alternating input by input: (early ms [N],
     full ms [N], early predictions [N])."""

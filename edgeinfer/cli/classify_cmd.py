@@ -37,24 +37,26 @@ def classify(
     import numpy as np
 
     from edgeinfer.errors import ConfigError, InputError
+    from edgeinfer.runtime.early_exit import exit_policy as parse_policy
     from edgeinfer.runtime.model import load
 
     if (image is None) == (not texts):
         raise ConfigError("give texts to classify, or --image PHOTO|FILE.npy (not both)")
+    policy = None if exit_policy is None else parse_policy(exit_policy)
     model = load(package, threads=threads)
     if image is not None and image.suffix != ".npy":
-        results = model.classify(str(image), exit_threshold=exit_threshold, exit_policy=exit_policy)
+        results = model.classify(str(image), exit_threshold=exit_threshold, exit_policy=policy)
         names = [image.name]
     elif image is not None:
         try:
             inputs = np.load(image, allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise InputError(f"{image} is not a readable .npy array: {exc}") from exc
-        results = model.classify(inputs, exit_threshold=exit_threshold, exit_policy=exit_policy)
+        results = model.classify(inputs, exit_threshold=exit_threshold, exit_policy=policy)
         names = [f"{image.name}[{i}]" for i in range(len(results))]
     else:
         names = list(texts or [])
-        results = model.classify(names, exit_threshold=exit_threshold, exit_policy=exit_policy)
+        results = model.classify(names, exit_threshold=exit_threshold, exit_policy=policy)
     rows = [
         {
             "input": name,

@@ -1,16 +1,23 @@
 """The on-device runtime: stdlib, numpy, onnxruntime and tokenizers only (never torch/onnx)."""
 
+from edgeinfer.runtime.early_exit import ExitPolicy
 from edgeinfer.runtime.generate.streaming import GenerationResult, TextChunk
+from edgeinfer.runtime.handles import ClassifyModel, EmbedModel, GenerateModel, RawModel
 from edgeinfer.runtime.metrics import MetricsSnapshot, render_prometheus
 from edgeinfer.runtime.model import Model, load
 from edgeinfer.runtime.tasks import ClassificationResult, EmbeddingResult
 
 __all__ = [
     "ClassificationResult",
+    "ClassifyModel",
+    "EmbedModel",
     "EmbeddingResult",
+    "ExitPolicy",
+    "GenerateModel",
     "GenerationResult",
     "MetricsSnapshot",
     "Model",
+    "RawModel",
     "TextChunk",
     "load",
     "render_prometheus",

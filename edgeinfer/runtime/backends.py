@@ -12,9 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.config import BatchConfig, CacheConfig, PrefixCacheConfig, RuntimeConfig
+from edgeinfer.config import (
+    BatchConfig,
+    CacheConfig,
+    PrefixCacheConfig,
+    RuntimeConfig,
+    SamplingConfig,
+)
 from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import Manifest
+from edgeinfer.runtime.early_exit import ExitPolicy
 from edgeinfer.runtime.generate.chat import Prompt
 from edgeinfer.runtime.generate.generator import Generator
 from edgeinfer.runtime.generate.streaming import GenerationResult, TextChunk
@@ -74,16 +81,32 @@ class Backend:
         batch_size: int,
         truncate: bool,
         exit_threshold: float | None,
-        exit_policy: str | None,
+        exit_policy: ExitPolicy | None,
     ) -> list[ClassificationResult]:
         """One result per text or image."""
         raise self._unsupported("classify")
 
-    def generate(self, prompt: Prompt, **kwargs: Any) -> GenerationResult:
+    def generate(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int,
+        sampling: SamplingConfig | None,
+        stop: Sequence[str],
+        timeout_s: float | None,
+    ) -> GenerationResult:
         """A completion of ``prompt``."""
         raise self._unsupported("generate")
 
-    def stream(self, prompt: Prompt, **kwargs: Any) -> Iterator[TextChunk]:
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int,
+        sampling: SamplingConfig | None,
+        stop: Sequence[str],
+        timeout_s: float | None,
+    ) -> Iterator[TextChunk]:
         """A completion of ``prompt``, as it is decoded."""
         raise self._unsupported("stream")
 
@@ -124,11 +147,31 @@ class GenerateBackend(Backend):
     def warm_up(self, runs: int) -> None:
         self.generator.warm_up(runs)
 
-    def generate(self, prompt: Prompt, **kwargs: Any) -> GenerationResult:
-        return self.generator.generate(prompt, **kwargs)
+    def generate(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int,
+        sampling: SamplingConfig | None,
+        stop: Sequence[str],
+        timeout_s: float | None,
+    ) -> GenerationResult:
+        return self.generator.generate(
+            prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, timeout_s=timeout_s
+        )
 
-    def stream(self, prompt: Prompt, **kwargs: Any) -> Iterator[TextChunk]:
-        return self.generator.stream(prompt, **kwargs)
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int,
+        sampling: SamplingConfig | None,
+        stop: Sequence[str],
+        timeout_s: float | None,
+    ) -> Iterator[TextChunk]:
+        return self.generator.stream(
+            prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, timeout_s=timeout_s
+        )
 
     def warm_prefix(self, prefix: str) -> int:
         return self.generator.warm_prefix(prefix)

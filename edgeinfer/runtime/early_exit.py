@@ -41,6 +41,7 @@ __all__ = [
     "ExitRule",
     "ExitTrace",
     "SegmentRunner",
+    "exit_policy",
     "first_exit",
     "normalized_entropy",
     "passes",
@@ -51,6 +52,14 @@ __all__ = [
 BatchPolicy = Literal["leave", "all"]
 ExitPolicy = Literal["max_softmax", "entropy", "patience"]
 EXIT_POLICIES: tuple[str, ...] = get_args(ExitPolicy)
+
+
+def exit_policy(name: str) -> ExitPolicy:
+    """``name`` as an exit rule, or ``ConfigError`` naming the rules there are."""
+    for policy in get_args(ExitPolicy):
+        if name == policy:
+            return policy  # type: ignore[no-any-return]
+    raise ConfigError(f"exit_policy must be one of {list(EXIT_POLICIES)}, got {name!r}")
 
 
 def validate_threshold(threshold: float, policy: str = "max_softmax") -> float:
@@ -189,11 +198,11 @@ class SegmentRunner:
         self.labels: list[str] = list(io.labels)
         self.images = io.input == "image"
         self.image_shape: tuple[int, ...] = tuple(io.image_shape or ())
-        self.default_policy: str = str(spec.get("policy", "max_softmax"))
+        self.default_policy: ExitPolicy = exit_policy(str(spec.get("policy", "max_softmax")))
         self.default_threshold = validate_threshold(float(spec["threshold"]), self.default_policy)
         self.providers = self.sessions[0].providers
 
-    def check_rule(self, threshold: float | None, policy: str | None) -> None:
+    def check_rule(self, threshold: float | None, policy: ExitPolicy | None) -> None:
         """Refuse an exit rule this package cannot apply (``ConfigError``): an unknown policy,
         a threshold that does not suit it, or another policy without its threshold."""
         rule = policy or self.default_policy
@@ -226,7 +235,7 @@ class SegmentRunner:
         *,
         threshold: float,
         policy: BatchPolicy = "leave",
-        exit_policy: str = "max_softmax",
+        exit_policy: ExitPolicy = "max_softmax",
     ) -> tuple[np.ndarray, np.ndarray]:
         """Run the segments on a batch until every row has exited.
 
@@ -273,7 +282,7 @@ class SegmentRunner:
         *,
         threshold: float | None = None,
         policy: BatchPolicy = "leave",
-        exit_policy: str | None = None,
+        exit_policy: ExitPolicy | None = None,
     ) -> list[ClassificationResult]:
         """One ``ClassificationResult`` per row, its ``exit_layer`` the layer that answered.
 
@@ -332,7 +341,7 @@ class SegmentRunner:
         *,
         batch_size: int,
         threshold: float | None = None,
-        exit_policy: str | None = None,
+        exit_policy: ExitPolicy | None = None,
     ) -> list[ClassificationResult]:
         """Classify images (see ``check_images``) ``batch_size`` at a time; each result's
         ``compute_ms`` is the time of the segment runs that answered its batch."""

@@ -17,14 +17,14 @@ from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import ExitSegmentsIO, ImageClassifierIO
 from edgeinfer.runtime.backends import Backend, BackendOptions
-from edgeinfer.runtime.early_exit import SegmentRunner
+from edgeinfer.runtime.early_exit import ExitPolicy, SegmentRunner
 from edgeinfer.runtime.session import GraphSession
 from edgeinfer.runtime.tasks import ClassificationResult, classification_results, prepare_images
 
 __all__ = ["ImageBackend"]
 
 # images, batch size, exit threshold, exit rule -> one result per image
-Classify = Callable[[Any, int, "float | None", "str | None"], list[ClassificationResult]]
+Classify = Callable[[Any, int, "float | None", "ExitPolicy | None"], list[ClassificationResult]]
 
 
 class ImageBackend(Backend):
@@ -62,7 +62,7 @@ class ImageBackend(Backend):
         batch_size: int,
         truncate: bool,
         exit_threshold: float | None,
-        exit_policy: str | None,
+        exit_policy: ExitPolicy | None,
     ) -> list[ClassificationResult]:
         """One result per image, in order (forms: ``prepare_images`` for a single graph,
         ``SegmentRunner.check_images`` for segments)."""
@@ -88,7 +88,7 @@ class ImageBackend(Backend):
     @staticmethod
     def _segments_classifier(exits: SegmentRunner) -> Classify:
         def run(
-            images: Any, batch_size: int, threshold: float | None, policy: str | None
+            images: Any, batch_size: int, threshold: float | None, policy: ExitPolicy | None
         ) -> list[ClassificationResult]:
             return exits.classify_images(
                 images, batch_size=batch_size, threshold=threshold, exit_policy=policy

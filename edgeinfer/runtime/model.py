@@ -26,6 +26,7 @@ from edgeinfer.config import (
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import ExitSegmentsIO
 from edgeinfer.runtime.backends import Backend, BackendOptions, GenerateBackend
+from edgeinfer.runtime.early_exit import ExitPolicy
 from edgeinfer.runtime.generate.chat import Prompt
 from edgeinfer.runtime.generate.streaming import GenerationResult, TextChunk
 from edgeinfer.runtime.image import ImageBackend
@@ -158,7 +159,7 @@ class Model:
         batch_size: int = DEFAULT_BATCH_SIZE,
         truncate: bool = True,
         exit_threshold: float | None = None,
-        exit_policy: str | None = None,
+        exit_policy: ExitPolicy | None = None,
     ) -> list[ClassificationResult]:
         """Classify texts or images; one ``ClassificationResult`` per input, in input order
         (its ``cached``, ``queue_ms`` and ``compute_ms`` say where the answer came from).

@@ -25,7 +25,7 @@ from edgeinfer.runtime.batching import DynamicBatcher, pad_rows
 from edgeinfer.runtime.cache.results import ResultCache
 from edgeinfer.runtime.cache.semantic import SemanticCache
 from edgeinfer.runtime.cache.tiers import Answer, Caches, Lookup, Value
-from edgeinfer.runtime.early_exit import SegmentRunner
+from edgeinfer.runtime.early_exit import ExitPolicy, SegmentRunner
 from edgeinfer.runtime.session import GraphSession
 from edgeinfer.runtime.tasks import (
     ClassificationResult,
@@ -47,7 +47,7 @@ MAX_TOKENS_PER_RUN = 2048
 
 # rows [S_i] int -> one value per row (a read-only embedding [D] or a ClassificationResult);
 # the exit threshold and rule apply to early-exit packages only.
-RunRows = Callable[[list[np.ndarray], "float | None", "str | None"], list[Value]]
+RunRows = Callable[[list[np.ndarray], "float | None", "ExitPolicy | None"], list[Value]]
 
 
 # Padded tokens above which a run shrinks onnxruntime's arena afterwards: a run of short
@@ -147,7 +147,7 @@ class TextBackend(Backend):
         batch_size: int,
         truncate: bool,
         exit_threshold: float | None = None,
-        exit_policy: str | None = None,
+        exit_policy: ExitPolicy | None = None,
     ) -> list[Answer]:
         """Every text's answer, from the caches or the graph, in input order."""
         started = time.perf_counter()
@@ -182,7 +182,7 @@ class TextBackend(Backend):
         rows: list[np.ndarray],
         batch_size: int,
         exit_threshold: float | None,
-        exit_policy: str | None,
+        exit_policy: ExitPolicy | None,
     ) -> list[Answer]:
         """Run the graph for ``rows``: through the dynamic batcher, or here in length order."""
         if self.batcher is not None:
@@ -204,7 +204,7 @@ class TextBackend(Backend):
         """Pad rows into one batch, run the graph, apply the task head: one value per row."""
         pad_id = self.tokenizer_pad_id()
 
-        def run(rows: list[np.ndarray], _t: float | None, _p: str | None) -> list[Value]:
+        def run(rows: list[np.ndarray], _t: float | None, _p: ExitPolicy | None) -> list[Value]:
             input_ids, attention_mask = pad_rows(rows, pad_id=pad_id)  # [B, S]
             feeds = {
                 "input_ids": input_ids,
@@ -239,7 +239,9 @@ class TextBackend(Backend):
         """Pad rows into one batch and run the segments until every row has exited."""
         pad_id = self.tokenizer_pad_id()
 
-        def run(rows: list[np.ndarray], threshold: float | None, policy: str | None) -> list[Value]:
+        def run(
+            rows: list[np.ndarray], threshold: float | None, policy: ExitPolicy | None
+        ) -> list[Value]:
             input_ids, attention_mask = pad_rows(rows, pad_id=pad_id)  # [B, S]
             return list(
                 exits.classify(input_ids, attention_mask, threshold=threshold, exit_policy=policy)
@@ -279,7 +281,7 @@ class TextBackend(Backend):
         batch_size: int,
         truncate: bool,
         exit_threshold: float | None,
-        exit_policy: str | None,
+        exit_policy: ExitPolicy | None,
     ) -> list[ClassificationResult]:
         if self.task != "classify":
             raise self._unsupported("classify")
@@ -297,7 +299,7 @@ class TextBackend(Backend):
             for a in answers
         ]
 
-    def _check_exit_rule(self, threshold: float | None, policy: str | None) -> None:
+    def _check_exit_rule(self, threshold: float | None, policy: ExitPolicy | None) -> None:
         if self.exits is None:
             raise ConfigError(
                 f"{self.path.name} has no exit heads; drop exit_threshold and exit_policy"
