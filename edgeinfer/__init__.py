@@ -33,6 +33,7 @@ from edgeinfer.errors import (
     PackageError,
     ParityError,
     ProviderError,
+    ReplyError,
     RequestTimeoutError,
     SlowerQuantizationError,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "ProviderError",
     "QuantConfig",
     "RawModel",
+    "ReplyError",
     "RequestTimeoutError",
     "RuntimeConfig",
     "SamplingConfig",

@@ -19,6 +19,7 @@ so that callers catch one tree and still see the cause.
     ├── BridgeError                 bridge         the MQTT bridge or its client failed
     │   ├── BrokerAuthError         broker_auth    the broker refused the login (user, password)
     │   ├── BrokerUnavailableError  broker_unavailable  no broker connection within the timeout
+    │   ├── ReplyError              reply_error    the bridge answered with an error reply
     │   ├── RequestTimeoutError     request_timeout  no reply came in time (after every re-send)
     │   └── DeployRefusedError      deploy_refused  a device refused a deploy or rollback
     │                                               (``reason``: downgrade, replay, ...)
@@ -59,6 +60,7 @@ __all__ = [
     "PackageError",
     "ParityError",
     "ProviderError",
+    "ReplyError",
     "RequestTimeoutError",
     "SlowerQuantizationError",
 ]
@@ -215,6 +217,25 @@ class RequestTimeoutError(BridgeError, TimeoutError):
     """No reply to a bridge request came in time, after every re-send."""
 
     code = "request_timeout"
+
+
+class ReplyError(BridgeError):
+    """The bridge answered a request with an error reply (``Client.request(...,
+    raise_on_error=True)`` or ``raise_for_error``): ``wire_code`` is the reply's
+    ``error.code`` (``busy``, ``bad_request``, ``deadline_exceeded``, ...; docs/mqtt.md),
+    ``reply`` the whole reply."""
+
+    code = "reply_error"
+
+    def __init__(self, reply: dict[str, Any]) -> None:
+        given = reply.get("error")
+        error: dict[str, Any] = given if isinstance(given, dict) else {}
+        self.wire_code = str(error.get("code", "internal"))
+        self.reply = reply
+        super().__init__(
+            f"request {reply.get('id')!r} to {reply.get('model')!r} failed: {self.wire_code}: "
+            f"{error.get('message', '')}"
+        )
 
 
 # Why a device refused a deploy or a rollback (``DeployRefusedError.reason``).

@@ -6,7 +6,7 @@ devices. docs/mqtt.md is the contract. Needs the ``mqtt`` extra (paho-mqtt, msgp
 cryptography); encoded images need the ``images`` extra (Pillow).
 """
 
-from edgeinfer.bridge.client import Client
+from edgeinfer.bridge.client import Client, raise_for_error
 from edgeinfer.bridge.connection import Connection, parse_broker_url
 from edgeinfer.bridge.deploy import DeployConfig, Deployer
 from edgeinfer.bridge.mqtt import Bridge
@@ -23,6 +23,7 @@ __all__ = [
     "Bridge",
     "BridgeConfig",
     "Client",
+    "raise_for_error",
     "Connection",
     "DeployConfig",
     "DeployOutcome",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgeinfer.bridge import protocol as proto
 from edgeinfer.bridge.connection import Connection, Handshake, connect_async, new_paho_client
-from edgeinfer.errors import BridgeError, ConfigError, RequestTimeoutError
+from edgeinfer.errors import BridgeError, ConfigError, ReplyError, RequestTimeoutError
 
 if TYPE_CHECKING:
     from paho.mqtt.client import Client as PahoClient
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from paho.mqtt.properties import Properties
     from paho.mqtt.reasoncodes import ReasonCode
 
-__all__ = ["Client"]
+__all__ = ["Client", "raise_for_error"]
 
 log = logging.getLogger(__name__)
 
@@ -206,9 +206,43 @@ class Client:
             on_chunk,
         )
 
-    def request(self, model: str, **kwargs: Any) -> dict[str, Any]:
-        """``submit(...)`` then wait for the reply (``RequestTimeoutError`` after the last try)."""
-        return self.submit(model, **kwargs).result()
+    def request(
+        self,
+        model: str,
+        *,
+        text: str | None = None,
+        texts: list[str] | None = None,
+        request_id: str | None = None,
+        timeout_ms: float | None = None,
+        deadline_ms: float | None = None,
+        params: dict[str, Any] | None = None,
+        fields: dict[str, Any] | None = None,
+        on_chunk: Callable[[dict[str, Any]], None] | None = None,
+        attempt_timeout_s: float = 2.0,
+        retries: int = 3,
+        backoff: float = 2.0,
+        busy_wait_s: float = 0.05,
+        raise_on_error: bool = False,
+    ) -> dict[str, Any]:
+        """``submit(...)`` then wait for the reply (``RequestTimeoutError`` after the last
+        try); ``raise_on_error`` raises ``ReplyError`` for an error reply instead of
+        returning it (its ``wire_code`` is the reply's ``error.code``)."""
+        reply = self.submit(
+            model,
+            text=text,
+            texts=texts,
+            request_id=request_id,
+            timeout_ms=timeout_ms,
+            deadline_ms=deadline_ms,
+            params=params,
+            fields=fields,
+            on_chunk=on_chunk,
+            attempt_timeout_s=attempt_timeout_s,
+            retries=retries,
+            backoff=backoff,
+            busy_wait_s=busy_wait_s,
+        ).result()
+        return raise_for_error(reply) if raise_on_error else reply
 
     def send_raw(
         self,
@@ -382,3 +416,10 @@ class Client:
                 return
             del self._pending[key]
         item.future.set_result(reply)
+
+
+def raise_for_error(reply: dict[str, Any]) -> dict[str, Any]:
+    """``reply`` when it says ``ok``; else ``ReplyError`` carrying its wire code."""
+    if reply.get("ok") is True:
+        return reply
+    raise ReplyError(reply)

@@ -19,6 +19,7 @@ from paho.mqtt.properties import Properties
 import edgeinfer
 from edgeinfer.bridge import Bridge, Client
 from edgeinfer.bridge import protocol as proto
+from edgeinfer.errors import ReplyError
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +126,10 @@ def test_correlation_data_and_content_type_are_echoed(
 def test_unknown_model_is_answered(served: tuple[Bridge, Any, Client]) -> None:
     reply = served[2].request("no-such-model", text="x")
     assert reply["error"]["code"] == proto.UNKNOWN_MODEL and reply["id"] is not None
+    with pytest.raises(ReplyError) as raised:  # or as a typed error, when asked
+        served[2].request("no-such-model", text="x", raise_on_error=True)
+    assert raised.value.wire_code == proto.UNKNOWN_MODEL and raised.value.reply["ok"] is False
+    assert served[2].request("minilm", text="x", raise_on_error=True)["ok"] is True
 
 
 def test_an_input_the_model_refuses_is_a_bad_request(served: tuple[Bridge, Any, Client]) -> None:
