@@ -23,7 +23,6 @@ __all__ = [
     "Bridge",
     "BridgeConfig",
     "Client",
-    "raise_for_error",
     "Connection",
     "DeployConfig",
     "DeployOutcome",
@@ -36,6 +35,7 @@ __all__ = [
     "deploy_package",
     "generate_keypair",
     "parse_broker_url",
+    "raise_for_error",
     "rollback_package",
     "sign_package",
 ]
