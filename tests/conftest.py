@@ -337,3 +337,34 @@ def mnist_early_exit_package(package_root: Path) -> Path:
         max_accuracy_loss=0.01,
         threads=2,
     )
+
+
+# -- the fast lane ---------------------------------------------------------------------------
+
+# A test needs an export (torch, minutes) when its fixtures reach these; ``--fast`` skips it.
+_EXPORTING_FIXTURES = frozenset({"package_root", "export_once", "minilm_source", "tiny_source"})
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help="only tests that need no export and no torch (tools/test.sh --fast)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that exports (or sits in tests/export) ``slow``; with ``--fast``,
+    deselect them: what remains runs on tiny torch-free packages and real components."""
+    fast: list[pytest.Item] = []
+    slow: list[pytest.Item] = []
+    for item in items:
+        exporting = _EXPORTING_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if exporting or "tests/export/" in item.nodeid or item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+            slow.append(item)
+        else:
+            fast.append(item)
+    if config.getoption("--fast"):
+        config.hook.pytest_deselected(items=slow)
+        items[:] = fast
