@@ -52,6 +52,10 @@ class BridgeConfig:
             ``P/D/reply/#`` and ``P/clients/+/reply`` (``edgeinfer.bridge.Client``'s).
             Whatever they say, the bridge's own topics (status, deploy, metrics, errors) and
             request topics (``P/+/+/req``) are refused.
+        availability: also keep a plain ``online``/``offline`` retained topic with its own
+            Last Will, ``P/D/availability`` (Home Assistant, Node-RED; ``homeassistant.py``).
+        ha_discovery_prefix: publish Home Assistant MQTT discovery configs under this prefix
+            (Home Assistant's default: ``homeassistant``) after every connect; ``None``: none.
     """
 
     connection: Connection
@@ -69,6 +73,8 @@ class BridgeConfig:
     max_streams: int = 256
     stream_idle_s: float = 300.0
     reply_topics: tuple[str, ...] = ()
+    availability: bool = False
+    ha_discovery_prefix: str | None = None
 
     def __post_init__(self) -> None:
         for name, level in (
@@ -84,6 +90,13 @@ class BridgeConfig:
             raise ConfigError("max_payload_bytes must be >= 64")
         if self.metrics_interval_s < 0 or self.stream_idle_s <= 0 or self.max_streams < 1:
             raise ConfigError("need metrics_interval_s >= 0, stream_idle_s > 0, max_streams >= 1")
+        if self.ha_discovery_prefix is not None:
+            if not valid_topic(self.ha_discovery_prefix) or self.ha_discovery_prefix[0] == "$":
+                raise ConfigError("ha_discovery_prefix must be a topic name, e.g. homeassistant")
+            if self.metrics_interval_s <= 0:
+                raise ConfigError(
+                    "Home Assistant discovery reads the metrics: metrics_interval_s must be > 0"
+                )
         for topic in self.reply_topics:
             if not _valid_filter(topic):
                 raise ConfigError(
@@ -119,6 +132,12 @@ class BridgeConfig:
         return f"{self.base}/status{own}"
 
     @property
+    def availability_topic(self) -> str:
+        """The plain ``online``/``offline`` topic (per client in a shared group)."""
+        own = f"/{self.connection.client_id}" if self.shared_group else ""
+        return f"{self.base}/availability{own}"
+
+    @property
     def reply_filters(self) -> tuple[str, ...]:
         """The topic filters replies may go to (``reply_topics``, or the defaults)."""
         prefix = self.topic_prefix
@@ -145,6 +164,7 @@ class BridgeConfig:
         base = self.base
         return (
             f"{base}/status/#",
+            f"{base}/availability/#",
             f"{base}/deploy/#",
             f"{base}/ota/#",
             f"{base}/metrics/#",
