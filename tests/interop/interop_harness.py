@@ -8,6 +8,8 @@ node present but MQTT.js not installed it fails (run ``npm ci`` here).
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 import re
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from mosquitto import LOOPBACK, Mosquitto
 
@@ -75,7 +78,7 @@ def rr(port: int, *args: str, stdin: str | None = None) -> list[dict[str, Any]]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
 
-def retained(port: int, topic: str, *, count: int = 1) -> list[bytes]:
+def first_messages(port: int, topic: str, *, count: int = 1) -> list[bytes]:
     """The first ``count`` messages on ``topic`` (a retained one comes at once), raw."""
     require_shell_clients()
     assert SUB is not None
@@ -164,3 +167,42 @@ def blocks() -> dict[str, tuple[str, str]]:
     names = [name for name, _, _ in found]
     assert len(names) == len(set(names)), f"two runnable blocks share a name: {names}"
     return {name: (lang, text) for name, lang, text in found}
+
+
+def camera_jpeg() -> str:
+    """A real photo (scikit-learn's sample, halved to 320x213) as a base64 JPEG."""
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    photo = Image.fromarray(load_sample_images().images[1]).reduce(2)
+    buffer = io.BytesIO()
+    photo.save(buffer, format="JPEG", quality=90)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def expected_label(package: Path, jpeg: str) -> str:
+    """The label the runtime gives the decoded JPEG, prepared as the bridge prepares it."""
+    from PIL import Image
+
+    import edgeinfer
+    from edgeinfer.bridge.images import frames_to_batch
+    from edgeinfer.package_io import ImageClassifierIO
+
+    model = edgeinfer.load(package, threads=1)
+    frame = np.asarray(Image.open(io.BytesIO(base64.b64decode(jpeg))).convert("RGB"))
+    spec = model.manifest.io_as(ImageClassifierIO).image
+    return str(model.classify(frames_to_batch([frame], image=spec))[0].label)
+
+
+def ends_at_once(package: Path) -> str:
+    """A prompt the (random) chat model answers with an immediate end of turn, as an instruct
+    model often does to a bare prompt: found by trying a few, greedy, through the runtime."""
+    import edgeinfer
+
+    model = edgeinfer.load(package, threads=1)
+    candidates = ["<|im_end|>", "a a <|endoftext|>", "<|im_end|>\n", "<|endoftext|>"]
+    for prompt in candidates:
+        result = model.generate(prompt, max_new_tokens=1)
+        if not result.token_ids and result.finish_reason == "eos":
+            return prompt
+    pytest.fail(f"the tiny model answers none of {candidates} with an immediate end")

@@ -10,7 +10,7 @@
 //             prints {"ms": [round trip per request]}.
 //   resend:   count requests to model, QoS 1, each re-sent under the same id every resendMs
 //             until its final reply; prints progress lines ({"answered": n}) and then
-//             {"finals", "duplicates", "replays", "resends"}.
+//             {"finals", "resends", "replays", "redelivered", "unexplained"}.
 import mqtt from "mqtt";
 
 const plan = JSON.parse(process.argv[2]);
@@ -28,16 +28,22 @@ const client = mqtt.connect(plan.url, options);
 if (plan.nodelay) client.on("connect", () => client.stream.setNoDelay(true));
 
 const waiting = new Map(); // id -> {messages, resolve}
-const seen = new Map(); // id -> finals received (resend mode: more than 1 is a duplicate)
-let replays = 0;
+const first = new Map(); // id -> its first final payload (resend mode counts what came again)
+// Final messages that came again for an id: from the bridge's store ("replay": true), the
+// broker delivering the same message again (identical bytes), or neither (must not happen).
+const again = { replays: 0, redelivered: 0, unexplained: 0 };
 
 client.on("message", (topic, payload, packet) => {
   const message = JSON.parse(payload.toString());
   // 3.1.1 has no correlation data: match by id, or by raw_id when the id was unusable.
   const id = v5 ? packet.properties?.correlationData?.toString() : (message.id ?? message.raw_id);
-  if (message.replay === true) replays += 1;
+  if (!("chunk" in message)) {
+    if (!first.has(id)) first.set(id, payload.toString());
+    else if (message.replay === true) again.replays += 1;
+    else if (first.get(id) === payload.toString()) again.redelivered += 1;
+    else again.unexplained += 1;
+  }
   const entry = waiting.get(id);
-  if (!("chunk" in message)) seen.set(id, (seen.get(id) ?? 0) + 1);
   if (entry === undefined) return; // a duplicate of something already answered: dropped
   entry.messages.push(message);
   if (!("chunk" in message)) {
@@ -100,8 +106,7 @@ async function main() {
     }
     // Replies still on their way (re-sent ids) arrive within a resend period.
     await new Promise((r) => setTimeout(r, plan.resendMs));
-    const duplicates = [...seen.values()].reduce((n, finals) => n + finals - 1, 0);
-    console.log(JSON.stringify({ finals: seen.size, duplicates, replays, resends }));
+    console.log(JSON.stringify({ finals: first.size, resends, ...again }));
   }
   await client.endAsync();
 }
