@@ -17,7 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,17 +78,36 @@ def rr(port: int, *args: str, stdin: str | None = None) -> list[dict[str, Any]]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
 
-def first_messages(port: int, topic: str, *, count: int = 1) -> list[bytes]:
-    """The first ``count`` messages on ``topic`` (a retained one comes at once), raw."""
+def first_messages(port: int, topic: str, *, count: int = 1, verbose: bool = False) -> list[bytes]:
+    """The first ``count`` messages on ``topic`` (a retained one comes at once), raw;
+    ``verbose``: each line is ``TOPIC PAYLOAD``."""
     require_shell_clients()
     assert SUB is not None
+    args = ["-t", topic, "-C", str(count), "-W", str(HANG_S), *(["-v"] if verbose else [])]
     done = subprocess.run(
-        [SUB, "-h", LOOPBACK, "-p", str(port), "-t", topic, "-C", str(count), "-W", str(HANG_S)],
-        capture_output=True,
-        timeout=HANG_S + 10,
+        [SUB, "-h", LOOPBACK, "-p", str(port), *args], capture_output=True, timeout=HANG_S + 10
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
+
+
+def wait_for(
+    port: int, topic: str, done: Callable[[bytes], bool], *, client_args: Sequence[str] = ()
+) -> bool:
+    """Read ``topic`` (its retained message first) until ``done(payload)``; False when
+    mosquitto_sub gave up (the hang guard) first."""
+    require_shell_clients()
+    assert SUB is not None
+    args = [*client_args, "-t", topic, "-W", str(HANG_S)]
+    with subprocess.Popen(
+        [SUB, "-h", LOOPBACK, "-p", str(port), *args], stdout=subprocess.PIPE
+    ) as sub:
+        assert sub.stdout is not None
+        for line in sub.stdout:
+            if done(line.rstrip(b"\n")):
+                sub.terminate()
+                return True
+    return False
 
 
 @dataclass
@@ -102,19 +121,15 @@ class Served:
 
     def wait_online(self) -> None:
         """Until the status says online (the bridge subscribed before publishing it)."""
-        assert SUB is not None
         topic = f"edgeinfer/{DEVICE}/status"
-        port = str(self.broker.port)
-        with subprocess.Popen(
-            [SUB, "-h", LOOPBACK, "-p", port, *self.client_args, "-t", topic, "-W", str(HANG_S)],
-            stdout=subprocess.PIPE,
-        ) as sub:
-            assert sub.stdout is not None
-            for line in sub.stdout:
-                if json.loads(line)["state"] == "online":
-                    sub.terminate()
-                    return
-        pytest.fail(f"edgeinfer serve did not come online: {self.log.read_text()[-3000:]}")
+        online = wait_for(
+            self.broker.port,
+            topic,
+            lambda payload: json.loads(payload)["state"] == "online",
+            client_args=self.client_args,
+        )
+        if not online:
+            pytest.fail(f"edgeinfer serve did not come online: {self.log.read_text()[-3000:]}")
 
     def stop(self) -> int:
         if self.proc.poll() is None:
