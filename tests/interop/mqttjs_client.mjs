@@ -6,8 +6,8 @@
 // plan fields: url, protocol (5 or 4 = 3.1.1), clientId, device, mode, and per mode:
 //   requests: requests [{model, body}] sent one after another; each waits for its final message
 //             (the first message for its id without "chunk"); prints {id: [messages]}.
-//   latency:  count sequential embeds of model; nodelay (TCP_NODELAY), replyQos (0 or 1);
-//             prints {"ms": [round trip per request]}.
+//   latency:  warmup, then count sequential embeds of model; nodelay (TCP_NODELAY), replyQos
+//             (0 or 1); prints {"ms": [round trip per timed request]}.
 //   resend:   count requests to model, QoS 1, each re-sent under the same id every resendMs
 //             until its final reply; prints progress lines ({"answered": n}) and then
 //             {"finals", "resends", "replays", "redelivered", "unexplained"}.
@@ -82,9 +82,12 @@ async function main() {
     console.log(JSON.stringify(out));
   } else if (plan.mode === "latency") {
     const ms = [];
+    for (let i = 0; i < (plan.warmup ?? 0); i++) {
+      await request(plan.model, { id: `${plan.clientId}-warm-${i}`, text: `warm up ${i}` });
+    }
     for (let i = 0; i < plan.count; i++) {
       const started = process.hrtime.bigint();
-      await request(plan.model, { id: `${plan.clientId}-${i}`, text: "pressure rising fast" });
+      await request(plan.model, { id: `${plan.clientId}-${i}`, text: `sensor reading ${i}` });
       ms.push(Number(process.hrtime.bigint() - started) / 1e6);
     }
     console.log(JSON.stringify({ ms }));
