@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mqtt_clients import cpu_name
+from mqtt_clients import cpu_name, report
 from mqtt_roundtrip import DEVICE, mosquitto, stats
 
 import edgeinfer
@@ -222,11 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         "round_trip_ms": round_trip,
         "overhead_ms": overhead,
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.write_text(text + "\n")
-    return 0
+    return report(result, args.json)
 
 
 if __name__ == "__main__":

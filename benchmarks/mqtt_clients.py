@@ -47,6 +47,15 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def report(result: dict[str, Any], path: Path | None) -> int:
+    """Print ``result`` as JSON (and write it to ``path``); the exit status."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if path is not None:
+        path.write_text(text + "\n")
+    return 0
+
+
 def mqttjs_round(
     broker: str, model: str, name: str, options: dict[str, Any], n: int
 ) -> list[float]:
@@ -109,11 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         "requests_per_variant": args.rounds * args.per_round,
         "round_trip_ms": {name: stats(values) for name, values in samples.items()},
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.write_text(text + "\n")
-    return 0
+    return report(result, args.json)
 
 
 if __name__ == "__main__":
