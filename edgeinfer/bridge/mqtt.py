@@ -9,6 +9,7 @@ Topics (``P``: topic prefix, ``D``: device id)::
     P/D/MODEL/req      requests (via $share/GROUP/P/D/+/req when scaled out)
     P/D/status         retained JSON {"state": online|offline, "models": {...}}
                        (P/D/status/CLIENT_ID in a shared group)
+    P/D/availability   retained plain online|offline, with its own Will (homeassistant.py)
     P/D/ota/ctl        deploy control messages (deploy.py), with a deploy folder and keys
     P/D/ota/chunk      deploy chunks (each topic has its own size limit)
     P/D/ota/status     retained JSON: the last deploy step's outcome
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from edgeinfer.bridge import protocol as proto
 from edgeinfer.bridge.connection import connect_async, new_paho_client
 from edgeinfer.bridge.deploy import DeployConfig, Deployer
+from edgeinfer.bridge.homeassistant import AvailabilityLink, discovery_messages
 from edgeinfer.bridge.serving import ModelTable, StreamTable
 from edgeinfer.bridge.settings import TOPIC_LEVEL_BAD, BridgeConfig, default_client_id
 from edgeinfer.bridge.worker import Outgoing, ServedModel, Worker, epoch_ms
@@ -118,6 +120,7 @@ class Bridge:
         self._client.on_disconnect = self._on_disconnect
         self._client.on_subscribe = self._on_subscribe
         self._client.on_message = self._on_message
+        self._availability = AvailabilityLink(config) if config.availability else None
         self._metrics = threading.Thread(
             target=self._metrics_loop, name="edgeinfer-metrics", daemon=True
         )
@@ -168,6 +171,8 @@ class Bridge:
         if self.deployer is not None:
             self.deployer.stop()
         self.worker.stop(timeout_s=timeout_s)
+        if self._availability is not None:
+            self._availability.stop(timeout_s=timeout_s)
         if self._state.connected.is_set():
             offline = {"state": "offline", "client_id": self.config.connection.client_id}
             info = self._client.publish(
@@ -245,6 +250,10 @@ class Bridge:
             topics += [(self.config.ota_control_topic, 1), (self.config.ota_chunk_topic, 1)]
         client.subscribe(topics)  # one SUBACK: subscribed means every topic is
         self._publish_status()
+        if self.config.ha_discovery_prefix is not None:
+            tasks = {name: model.task for name, model in self.models.items()}
+            for topic, payload in discovery_messages(self.config, tasks):
+                client.publish(topic, payload, qos=1, retain=True)
 
     def _on_subscribe(
         self,
@@ -259,6 +268,8 @@ class Bridge:
             self._state.refused = f"subscription refused: {reasons}"
             return
         self._state.subscribed.set()
+        if self._availability is not None:  # "online" once requests can be taken
+            self._availability.start()
 
     def _on_disconnect(
         self,

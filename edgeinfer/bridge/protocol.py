@@ -306,6 +306,12 @@ def _refusal(topic: str, policy: Callable[[str], str | None] | None) -> str | No
     return None if policy is None else policy(topic)
 
 
+def _raw_id(payload: bytes) -> dict[str, str]:
+    """``{"raw_id": ...}``: the id text found in bytes that could not be parsed (or none)."""
+    found = values.id_in_bytes(payload, max_chars=MAX_ID_CHARS)
+    return {} if found is None else {"raw_id": found}
+
+
 def decode_request(
     payload: bytes,
     *,
@@ -349,12 +355,14 @@ def decode_request(
         return fail(BAD_REQUEST, "MsgPack is not installed on this bridge; send JSON", fmt="json")
     if len(payload) > max_payload_bytes:
         return fail(
-            PAYLOAD_TOO_LARGE, f"payload is {len(payload)} bytes; the limit is {max_payload_bytes}"
+            PAYLOAD_TOO_LARGE,
+            f"payload is {len(payload)} bytes; the limit is {max_payload_bytes}",
+            extra=_raw_id(payload),
         )
     try:
         data = _loads(payload, fmt)
     except ValueError as exc:
-        return fail(BAD_REQUEST, str(exc))
+        return fail(BAD_REQUEST, str(exc), extra=_raw_id(payload))
     if not isinstance(data, dict):
         return fail(BAD_REQUEST, "a request must be an object")
     reply_to = response_topic
@@ -372,8 +380,12 @@ def decode_request(
     if refusal is not None:
         return fail(BAD_REQUEST, refusal, **known)
     if request_id is None:
+        shown = {} if raw_id is None else {"raw_id": values.id_text(raw_id, max_chars=MAX_ID_CHARS)}
         return fail(
-            BAD_REQUEST, f"'id' must be a string of 1..{MAX_ID_CHARS} characters", reply_to=reply_to
+            BAD_REQUEST,
+            f"'id' must be a string of 1..{MAX_ID_CHARS} characters",
+            reply_to=reply_to,
+            extra=shown,
         )
     envelope = _envelope(data)
     if isinstance(envelope, str):

@@ -58,19 +58,25 @@ class Stored:
         self.head = head
         self.body = body
         self.chunks = tuple(chunks)
-        self._payloads: dict[str, bytes] = {}
+        self._payloads: dict[tuple[str, bool], bytes] = {}
 
-    def payload(self, fmt: str) -> bytes:
-        """The reply encoded as ``fmt`` (once; a duplicate race encodes it twice)."""
-        data = self._payloads.get(fmt)
+    def payload(self, fmt: str, *, replay: bool = False) -> bytes:
+        """The reply encoded as ``fmt`` (once; a duplicate race encodes it twice); ``replay``
+        marks it ``"replay": true``, a repeat answered from the store."""
+        data = self._payloads.get((fmt, replay))
         if data is None:
+            head = {**self.head, "replay": True} if replay else self.head
             data = (
-                proto.encode(self.head, fmt=fmt)
+                proto.encode(head, fmt=fmt)
                 if self.body is None
-                else proto.encode_reply(self.head, self.body, fmt=fmt)
+                else proto.encode_reply(head, self.body, fmt=fmt)
             )
-            self._payloads[fmt] = data
+            self._payloads[(fmt, replay)] = data
         return data
+
+    def replayed_chunks(self) -> list[dict[str, Any]]:
+        """A generation's chunks again, each marked ``"replay": true``."""
+        return [{**chunk, "replay": True} for chunk in self.chunks]
 
 
 class DedupStore:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import re
 import socket
 from dataclasses import dataclass
 
@@ -53,6 +55,10 @@ class BridgeConfig:
             ``P/D/reply/#`` and ``P/clients/+/reply`` (``edgeinfer.bridge.Client``'s).
             Whatever they say, the bridge's own topics (status, deploy, metrics, errors) and
             request topics (``P/+/+/req``) are refused.
+        availability: also keep a plain ``online``/``offline`` retained topic with its own
+            Last Will, ``P/D/availability`` (Home Assistant, Node-RED; ``homeassistant.py``).
+        ha_discovery_prefix: publish Home Assistant MQTT discovery configs under this prefix
+            (Home Assistant's default: ``homeassistant``) after every connect; ``None``: none.
     """
 
     connection: Connection
@@ -70,6 +76,8 @@ class BridgeConfig:
     max_streams: int = 256
     stream_idle_s: float = 300.0
     reply_topics: tuple[str, ...] = ()
+    availability: bool = False
+    ha_discovery_prefix: str | None = None
 
     def __post_init__(self) -> None:
         for name, level in (
@@ -85,6 +93,13 @@ class BridgeConfig:
             raise ConfigError("max_payload_bytes must be >= 64")
         if self.metrics_interval_s < 0 or self.stream_idle_s <= 0 or self.max_streams < 1:
             raise ConfigError("need metrics_interval_s >= 0, stream_idle_s > 0, max_streams >= 1")
+        if self.ha_discovery_prefix is not None:
+            if not valid_topic(self.ha_discovery_prefix) or self.ha_discovery_prefix[0] == "$":
+                raise ConfigError("ha_discovery_prefix must be a topic name, e.g. homeassistant")
+            if self.metrics_interval_s <= 0:
+                raise ConfigError(
+                    "Home Assistant discovery reads the metrics: metrics_interval_s must be > 0"
+                )
         for topic in self.reply_topics:
             if not _valid_filter(topic):
                 raise ConfigError(
@@ -140,6 +155,12 @@ class BridgeConfig:
         return f"{self.base}/status{own}"
 
     @property
+    def availability_topic(self) -> str:
+        """The plain ``online``/``offline`` topic (per client in a shared group)."""
+        own = f"/{self.connection.client_id}" if self.shared_group else ""
+        return f"{self.base}/availability{own}"
+
+    @property
     def reply_filters(self) -> tuple[str, ...]:
         """The topic filters replies may go to (``reply_topics``, or the defaults)."""
         prefix = self.topic_prefix
@@ -147,30 +168,51 @@ class BridgeConfig:
 
     def reply_refusal(self, topic: str) -> str | None:
         """Why the bridge will not publish a reply to ``topic``, or ``None`` when it may."""
-        from paho.mqtt.client import topic_matches_sub
-
         if not valid_topic(topic):
             return "the reply topic is not a valid MQTT topic name"
-        owned = (f"{self.topic_prefix}/+/+/req", f"{self.base}/+/req/#", *self._own_topics)
-        if topic.startswith("$") or any(topic_matches_sub(f, topic) for f in owned):
+        owned, allowed = self._reply_patterns
+        if topic.startswith("$") or owned.fullmatch(topic):
             return f"the reply topic {topic!r} is one of the bridge's own or a request topic"
-        if not any(topic_matches_sub(f, topic) for f in self.reply_filters):
+        if not allowed.fullmatch(topic):
             return (
                 f"the reply topic {topic!r} matches none of {list(self.reply_filters)}: reply "
                 "there, or add a filter with `edgeinfer serve --reply-topic`"
             )
         return None
 
+    @functools.cached_property
+    def _reply_patterns(self) -> tuple[re.Pattern[str], re.Pattern[str]]:
+        """(the bridge's own and request topics, the reply filters) as compiled patterns: one
+        match per request instead of a filter walk per filter (~0.08 ms)."""
+        owned = (f"{self.topic_prefix}/+/+/req", f"{self.base}/+/req/#", *self._own_topics)
+        return _filters_pattern(owned), _filters_pattern(self.reply_filters)
+
     @property
     def _own_topics(self) -> tuple[str, ...]:
         base = self.base
         return (
             f"{base}/status/#",
+            f"{base}/availability/#",
             f"{base}/deploy/#",
             f"{base}/ota/#",
             f"{base}/metrics/#",
             f"{base}/errors/#",
         )
+
+
+def _filters_pattern(filters: tuple[str, ...]) -> re.Pattern[str]:
+    """A pattern whose ``fullmatch`` is MQTT's filter match of any of ``filters`` (``+``: one
+    level, ``#``: this level and all below it, the parent included)."""
+    alternatives = []
+    for topic_filter in filters:
+        levels = topic_filter.split("/")
+        tail = ""
+        if levels[-1] == "#":
+            levels.pop()
+            tail = "(?:/.*)?" if levels else ".*"
+        parts = ["[^/]*" if level == "+" else re.escape(level) for level in levels]
+        alternatives.append("/".join(parts) + tail)
+    return re.compile("|".join(f"(?:{a})" for a in alternatives), re.DOTALL)
 
 
 def _valid_filter(topic: str) -> bool:

@@ -8,10 +8,21 @@ hostile value costs one ``bad_request`` reply and nothing else.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from typing import Any, Final
 
-__all__ = ["MAX_INT", "MAX_TOPIC_BYTES", "finite", "integer", "text", "valid_topic"]
+__all__ = [
+    "MAX_INT",
+    "MAX_TOPIC_BYTES",
+    "finite",
+    "id_in_bytes",
+    "id_text",
+    "integer",
+    "text",
+    "valid_topic",
+]
 
 # Integers on the wire fit a signed 64-bit value (what MsgPack and onnxruntime carry).
 MAX_INT: Final = 2**63 - 1
@@ -52,3 +63,33 @@ def valid_topic(topic: str) -> bool:
         return len(topic.encode("utf-8")) <= MAX_TOPIC_BYTES
     except UnicodeEncodeError:  # a lone surrogate from a JSON "\ud800"
         return False
+
+
+# An ``"id": "..."`` string near the start of a payload that could not be parsed (bad JSON, too
+# large): 4 KiB is past where any client writes its id, and bounds the scan.
+_ID_SCAN_BYTES: Final = 4096
+_ID_PATTERN: Final = re.compile(rb'"id"\s*:\s*"((?:[^"\\]|\\.)*)"')
+
+
+def id_text(value: Any, *, max_chars: int) -> str:
+    """An unusable ``id`` as text a client can match (its JSON for a non-string), truncated."""
+    if isinstance(value, str):
+        return value[:max_chars]
+    try:
+        shown = json.dumps(value, allow_nan=True, default=repr)
+    except (ValueError, RecursionError):  # a deeply nested value
+        shown = type(value).__name__
+    return shown[:max_chars]
+
+
+def id_in_bytes(payload: bytes, *, max_chars: int) -> str | None:
+    """The text of the first ``"id": "..."`` in a payload's first bytes, or ``None``."""
+    found = _ID_PATTERN.search(payload[:_ID_SCAN_BYTES])
+    if found is None:
+        return None
+    raw = found.group(1).decode("utf-8", "replace")
+    try:
+        raw = json.loads(f'"{raw}"')  # undo JSON escapes where they are whole
+    except ValueError:
+        pass
+    return raw[:max_chars] or None

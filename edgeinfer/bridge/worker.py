@@ -16,6 +16,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from edgeinfer.bridge import kinds
 from edgeinfer.bridge import protocol as proto
 from edgeinfer.bridge.failures import wire_error
 from edgeinfer.bridge.generation import GenerationLane
@@ -28,6 +29,7 @@ from edgeinfer.bridge.replies import (
     epoch_ms,
 )
 from edgeinfer.bridge.serving import ModelTable, ServedModel, StreamTable, kind_of, run_request
+from edgeinfer.bridge.stats import ModelStats, percentiles
 from edgeinfer.errors import ConfigError
 from edgeinfer.runtime.metrics import LatencyWindow
 
@@ -91,6 +93,7 @@ class Worker:
         self._latency: dict[str, LatencyWindow] = {
             k: LatencyWindow(_LATENCY_WINDOW) for k in ("queue_ms", "compute_ms", "total_ms")
         }
+        self.model_stats = ModelStats(_LATENCY_WINDOW)
         self._threads = [
             threading.Thread(target=self._loop, name=f"edgeinfer-worker-{i}")
             for i in range(threads)
@@ -156,6 +159,7 @@ class Worker:
                     reply_error=self._reply_request_error,
                     max_queue=self.max_generate_queue,
                     clock_ms=self._clock,
+                    on_answer=self.model_stats.record,
                 )
                 if self._started and not self._stopping:
                     lane.start()
@@ -233,10 +237,13 @@ class Worker:
         self._send_to(item, proto.encode_reply(head, body, fmt=item.fmt))
 
     def _replay(self, item: proto.Request, stored: Stored) -> None:
-        """A finished request's reply (a generation's chunks first), to the repeat's topic."""
-        for chunk in stored.chunks:
-            self._send_to(item, proto.encode(chunk, fmt=item.fmt))
-        self._send_to(item, stored.payload(item.fmt))
+        """A finished request's reply (a streamed generation's chunks first), to the repeat's
+        topic, marked ``"replay": true``."""
+        quiet = isinstance(item.input, kinds.GenerateInput) and not item.input.stream
+        if not quiet:  # "stream": false asked for the final message only
+            for chunk in stored.replayed_chunks():
+                self._send_to(item, proto.encode(chunk, fmt=item.fmt))
+        self._send_to(item, stored.payload(item.fmt, replay=True))
 
     def _answer_from_cache(self, item: proto.Request, model: ServedModel) -> bool:
         """Answer a repeated deterministic request from the reply cache; True when it did."""
@@ -306,6 +313,7 @@ class Worker:
             self._latency["queue_ms"].record(queue_ms)
             self._latency["compute_ms"].record(compute_ms)
             self._latency["total_ms"].record(finished - request.received_ms)
+        self.model_stats.record(request.model, finished - request.received_ms)
         stored = Stored(head, outcome.body)
         self.dedup.release(request.key, stored)
         self._send_to(request, stored.payload(request.fmt))
@@ -382,6 +390,7 @@ class Worker:
             summaries = {k: v.summary() for k, v in self._latency.items()}
         with self._ready:
             lanes = {name: lane.depth for name, lane in self._lanes.items()}
+            queued = Counter(request.model for request in self._queue)  # at most max_queue
         ok = counts.get("ok", 0)
         return {
             "counts": counts,
@@ -392,12 +401,6 @@ class Worker:
             "reply_cache_entries": 0 if self.reply_cache is None else len(self.reply_cache),
             "streams": len(self.streams),
             "cache_hit_rate": (counts.get("cached", 0) / ok) if ok else None,
-            "latency_ms": {name: _percentiles(s) for name, s in summaries.items()},
+            "latency_ms": {name: percentiles(s) for name, s in summaries.items()},
+            "per_model": self.model_stats.snapshot(self.models.names(), queued + Counter(lanes)),
         }
-
-
-def _percentiles(summary: Any) -> dict[str, float | None]:
-    """p50/p95/p99 of a latency window (``None`` each while it is empty)."""
-    if not summary.count:
-        return {"p50": None, "p95": None, "p99": None}
-    return {"p50": summary.p50_ms, "p95": summary.p95_ms, "p99": summary.p99_ms}

@@ -47,6 +47,9 @@ def inspect(
         "available_providers": providers.available(),
         "manifest": manifest.to_dict(),
     }
+    form = _prompt_form(manifest.io)
+    if form is not None:
+        info["prompt_form"] = form
     if providers_opt and not placement:
         raise ConfigError("--providers is for the placement report: add --placement")
     # Default: the package's preferred providers, in order.
@@ -72,6 +75,8 @@ def inspect(
         ("preferred providers", ", ".join(manifest.providers)),
         ("available here", ", ".join(info["available_providers"])),
     ]
+    if form is not None:
+        rows.insert(5, ("prompt form", _PROMPT_FORMS[form]))
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)
@@ -79,6 +84,20 @@ def inspect(
         console.print(_placement_table(report))
     if found is not None:
         console.print(_footprint_table(found))
+
+
+_PROMPT_FORMS = {
+    "messages": "messages (a chat template: send 'messages', or 'prompt' with \"chat\": true; "
+    "a bare 'prompt' is continued as raw text)",
+    "prompt": "prompt (no chat template: plain text is continued)",
+}
+
+
+def _prompt_form(io: Any) -> str | None:
+    """A generate package's request form: ``messages`` with a chat template, else ``prompt``."""
+    if io.kind != "decoder":
+        return None
+    return "messages" if getattr(io, "chat_format", None) is not None else "prompt"
 
 
 def _accuracy_line(accuracy: dict[str, Any]) -> str:

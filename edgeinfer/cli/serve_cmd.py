@@ -85,6 +85,21 @@ def serve(
             "P/clients/+/reply); the bridge's own and request topics are always refused"
         ),
     ] = None,
+    availability: Annotated[
+        bool,
+        typer.Option(
+            "--availability",
+            help="also keep P/D/availability: retained plain online/offline with its own "
+            "Last Will (Home Assistant, Node-RED)",
+        ),
+    ] = False,
+    ha_discovery: Annotated[
+        str | None,
+        typer.Option(
+            help="publish Home Assistant MQTT discovery configs under this prefix "
+            "(Home Assistant's default: homeassistant)"
+        ),
+    ] = None,
     deploy_dir: Annotated[
         Path | None,
         typer.Option(help="take signed packages over MQTT (edgeinfer deploy); kept here"),
@@ -130,6 +145,8 @@ def serve(
         reply_cache_bytes=(reply_cache_mb if reply_cache_mb is not None else 64 * cache) << 20,
         max_generate_queue=max_generate_queue,
         reply_topics=tuple(reply_topic or ()),
+        availability=availability,
+        ha_discovery_prefix=ha_discovery,
     )
     names = [p.resolve().name for p in packages]
     if len(set(names)) != len(names):

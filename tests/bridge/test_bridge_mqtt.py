@@ -192,7 +192,8 @@ def test_a_duplicate_id_runs_the_model_once(
     raw.send("edgeinfer/dup/minilm/req", body, b"third")  # after the reply: from the store
     replies = raw.wait_for(2)
     assert [p.CorrelationData for _, p in replies] == [b"first", b"third"]
-    assert replies[0][0] == replies[1][0] == first[0][0]
+    assert replies[0][0] == first[0][0] and "replay" not in first[0][0]
+    assert replies[1][0] == {**first[0][0], "replay": True}  # the same answer, marked a replay
     assert counting.calls == 1 and counting.texts["only once"] == 1
 
 

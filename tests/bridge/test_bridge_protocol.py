@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from edgeinfer.bridge import kinds
 from edgeinfer.bridge import protocol as proto
 from edgeinfer.bridge.connection import Connection, parse_broker_url
 from edgeinfer.bridge.kinds import MAX_TEXTS, TextInput
@@ -182,3 +183,59 @@ def test_reply_topics_are_limited_to_the_reply_filters() -> None:
     for bad in ("a/#/b", "a/b+", ""):
         with pytest.raises(ConfigError, match="topic filter"):
             BridgeConfig(connection=Connection(client_id="b"), device_id="d", reply_topics=(bad,))
+
+
+def test_reply_filter_patterns_match_as_mqtt_does() -> None:
+    """The compiled reply filters agree with paho's own filter match on random filters/topics."""
+    import random
+
+    from paho.mqtt.client import topic_matches_sub
+
+    from edgeinfer.bridge.settings import _filters_pattern
+
+    rng = random.Random(0)
+    for _ in range(5000):
+        levels = [rng.choice(["a", "b", "+", "x"]) for _ in range(rng.randint(1, 4))]
+        topic_filter = "/".join(levels + (["#"] if rng.random() < 0.4 else []))
+        topic = "/".join(rng.choice(["a", "b", "x", ""]) for _ in range(rng.randint(1, 5)))
+        mine = _filters_pattern((topic_filter,)).fullmatch(topic) is not None
+        assert mine == topic_matches_sub(topic_filter, topic), (topic_filter, topic)
+
+
+@pytest.mark.parametrize(
+    ("payload", "raw_id", "code"),
+    [
+        (b'{"id": 17, "text": "x", "reply_to": "r"}', "17", "bad_request"),
+        (json.dumps({"id": "y" * 300, "text": "x"}).encode(), "y" * 200, "bad_request"),
+        (b'{"id": "cut-1", "text": ', "cut-1", "bad_request"),
+        (b'{"id": "esc\\"aped", "text": ', 'esc"aped', "bad_request"),
+        (b'{"id": "big-1", "text": "' + b"z" * 5000 + b'"}', "big-1", "payload_too_large"),
+        (b"\xff\xfe not json at all", None, "bad_request"),
+    ],
+)
+def test_an_unusable_id_comes_back_as_raw_id(payload: bytes, raw_id: str | None, code: str) -> None:
+    """What a 3.1.1 client (no CorrelationData) can match an error reply by."""
+    reply = proto.decode_request(payload, model="m", max_payload_bytes=4096, received_ms=0.0)
+    assert isinstance(reply, proto.ErrorReply) and reply.code == code
+    body = reply.to_dict()
+    assert body["id"] is None and body.get("raw_id") == raw_id
+
+
+def test_generate_stream_and_chat_flags() -> None:
+    """``"stream": false`` asks for the final only; ``"chat": true`` makes the prompt one user
+    message; both must be booleans."""
+    base = {"id": "g", "prompt": "Is valve 7 open?", "reply_to": "r"}
+    quiet = proto.decode_request(
+        json.dumps({**base, "stream": False, "chat": True}).encode(),
+        model="m",
+        max_payload_bytes=4096,
+        received_ms=0.0,
+    )
+    assert isinstance(quiet, proto.Request) and isinstance(quiet.input, kinds.GenerateInput)
+    assert quiet.input.stream is False
+    assert quiet.input.prompt == ({"role": "user", "content": "Is valve 7 open?"},)
+    for bad in ({"stream": "no"}, {"chat": 1}):
+        refused = proto.decode_request(
+            json.dumps({**base, **bad}).encode(), model="m", max_payload_bytes=4096, received_ms=0.0
+        )
+        assert isinstance(refused, proto.ErrorReply) and refused.code == "bad_request"
