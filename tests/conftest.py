@@ -341,6 +341,23 @@ def mnist_early_exit_package(package_root: Path) -> Path:
 
 # -- the fast lane ---------------------------------------------------------------------------
 
+
+@pytest.fixture(scope="session")
+def fast_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny torch-free text-encoder package (tests/fast_packages.py): seconds to make."""
+    from fast_packages import tiny_encoder
+
+    return tiny_encoder(tmp_path_factory.mktemp("fast") / "tiny-encoder")
+
+
+@pytest.fixture(scope="session")
+def fast_raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny torch-free stateful raw package (out = state + 2x)."""
+    from fast_packages import tiny_raw
+
+    return tiny_raw(tmp_path_factory.mktemp("fast") / "accumulator")
+
+
 # A test needs an export (torch, minutes) when its fixtures reach these; ``--fast`` skips it.
 _EXPORTING_FIXTURES = frozenset({"package_root", "export_once", "minilm_source", "tiny_source"})
 
@@ -351,6 +368,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="only tests that need no export and no torch (tools/test.sh --fast)",
     )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With ``--fast``, tests/export is not even imported (its modules import torch)."""
+    if config.getoption("--fast") and "export" in collection_path.relative_to(REPO).parts[:2]:
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -368,3 +392,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if config.getoption("--fast"):
         config.hook.pytest_deselected(items=slow)
         items[:] = fast
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fast_lane_imports_no_torch(request: pytest.FixtureRequest) -> object:
+    """The fast lane's promise, checked: it never imported torch (nor ran an export)."""
+    yield
+    if request.config.getoption("--fast"):
+        import sys
+
+        assert "torch" not in sys.modules, "a --fast test imported torch: mark it slow"

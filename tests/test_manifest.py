@@ -165,6 +165,7 @@ def _as_schema_1(data: dict[str, Any]) -> dict[str, Any]:
     return {**old, "schema_version": 1, "io": io}
 
 
+@pytest.mark.slow  # its packages come by name (getfixturevalue): exports
 @pytest.mark.parametrize(
     ("fixture", "kind"),
     [

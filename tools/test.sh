@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up if needed, then run the whole test suite (slow tests included). Extra args go to pytest.
+# Set up if needed, then run the whole test suite (slow tests included). Extra args go to pytest;
+# `--fast` runs only the tests that need no export and no torch (tiny torch-free packages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./tools/setup.sh

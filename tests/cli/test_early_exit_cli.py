@@ -104,6 +104,7 @@ def test_cli_bench_early_exit_curve(
     assert "full depth" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # its packages come by name (getfixturevalue): exports
 @pytest.mark.parametrize("which", ["early_exit_package", "mnist_early_exit_package"])
 def test_inspect_shows_an_early_exit_package(
     which: str, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]

@@ -16,9 +16,9 @@ def graph_runs(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     runs: Counter[str] = Counter()
     real = GraphSession.run
 
-    def counted(self: GraphSession, feeds: Any) -> list[Any]:
+    def counted(self: GraphSession, feeds: Any, *, shrink_arena: bool = False) -> list[Any]:
         runs[self.path.parent.name] += 1
-        return real(self, feeds)
+        return real(self, feeds, shrink_arena=shrink_arena)
 
     monkeypatch.setattr(GraphSession, "run", counted)
     return runs

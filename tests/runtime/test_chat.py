@@ -17,6 +17,9 @@ from build_tiny_decoder import CHAT_TEMPLATE
 
 sys.path.pop(0)
 
+# The export's template conversion (chat_format) imports transformers: not for the fast lane.
+pytestmark = pytest.mark.slow
+
 
 def test_chatml_template_becomes_a_pattern_with_default_system() -> None:
     fmt = chat_format(CHAT_TEMPLATE)

@@ -37,6 +37,7 @@ def test_a_raw_handle_keeps_stream_state(raw_package: Path) -> None:
     np.testing.assert_allclose(acc.run({"x": x}, stream="mic")["out"], first)
 
 
+@pytest.mark.slow  # its packages come by name (getfixturevalue): exports
 @pytest.mark.parametrize(
     ("handle", "fixture"),
     [(edgeinfer.GenerateModel, "minilm_int8"), (edgeinfer.EmbedModel, "tiny_package")],
@@ -53,3 +54,15 @@ def test_configs_are_keyword_only() -> None:
     with pytest.raises(TypeError):
         edgeinfer.SamplingConfig(0.7)  # type: ignore[misc]
     assert edgeinfer.SamplingConfig(temperature=0.7).temperature == 0.7
+
+
+def test_handles_on_torch_free_packages(fast_encoder: Path, fast_raw: Path) -> None:
+    embedder = edgeinfer.EmbedModel.load(fast_encoder, threads=1)
+    vectors = embedder.embed(["pump pressure rising", "valve closed"])
+    assert vectors.shape == (2, 16)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
+    acc = edgeinfer.RawModel.load(fast_raw, threads=1)
+    out = acc.run({"x": np.ones((1, 4), np.float32)})["out"]
+    np.testing.assert_array_equal(out, np.full((1, 4), 2.0, np.float32))
+    with pytest.raises(edgeinfer.PackageError, match="RawModel"):
+        edgeinfer.EmbedModel.load(fast_raw)
