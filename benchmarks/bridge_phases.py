@@ -34,8 +34,9 @@ from mqtt_clients import cpu_name, report
 from mqtt_roundtrip import DEVICE, mosquitto, stats
 
 import edgeinfer
-from edgeinfer.bridge import Bridge, BridgeConfig, Connection, replies, worker
-from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge import Bridge, BridgeConfig, Connection
+from edgeinfer.bridge.serve import replies, worker
+from edgeinfer.bridge.wire import protocol as proto
 
 PHASES = (
     ("client -> bridge callback", "sent", "callback"),

@@ -22,7 +22,7 @@ from typing import Any
 
 from mqtt_roundtrip import bridge, client, mosquitto
 
-from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge.wire import protocol as proto
 
 POISON = [
     b'{"id": "p", "text": "x", "deadline_ms": 1%s}' % (b"0" * 400),

@@ -49,8 +49,8 @@ from typing import Any
 
 from edgeinfer.bench.stats import summarize
 from edgeinfer.bridge import Client, Connection
-from edgeinfer.bridge import protocol as proto
-from edgeinfer.bridge.protocol import msgpack_available
+from edgeinfer.bridge.wire import protocol as proto
+from edgeinfer.bridge.wire.protocol import msgpack_available
 
 LOOPBACK = "127.0.0.1"
 DEVICE = "bench"

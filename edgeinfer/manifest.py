@@ -36,7 +36,7 @@ __all__ = [
 # 2: ``io`` is typed by ``io.kind``; 1 is still read (``_upgrade_v1``).
 SCHEMA_VERSION = 2
 MANIFEST_NAME = "manifest.json"
-# The signature ``edgeinfer sign`` writes next to the manifest (bridge/signing.py reads it).
+# The signature ``edgeinfer sign`` writes next to the manifest (bridge/ota/signing.py reads it).
 SIGNATURE_NAME = "manifest.sig"
 # A manifest is read before anything in it is trusted: its size is bounded before it is
 # parsed, its nesting as it is. 1 MiB: the largest edgeinfer writes is ~32 KB (an image

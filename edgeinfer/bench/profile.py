@@ -224,8 +224,9 @@ def _served(
     """The request as ``edgeinfer serve`` serves it: its payload decoded by the bridge's
     protocol, run by the bridge's runner, its reply encoded in ``wire``. ``spans`` gets the
     decode and encode spans of the latest call (``time.time_ns()``)."""
-    from edgeinfer.bridge import kinds, serving
-    from edgeinfer.bridge import protocol as proto
+    from edgeinfer.bridge.serve import serving
+    from edgeinfer.bridge.wire import kinds
+    from edgeinfer.bridge.wire import protocol as proto
 
     data: dict[str, Any] = {"id": "profile", "reply_to": "profile/reply"}
     if asked.text is not None:

@@ -8,14 +8,14 @@ cryptography); encoded images need the ``images`` extra (Pillow).
 
 from edgeinfer.bridge.client import Client, raise_for_error
 from edgeinfer.bridge.connection import Connection, parse_broker_url
-from edgeinfer.bridge.deploy import DeployConfig, Deployer
-from edgeinfer.bridge.mqtt import Bridge
-from edgeinfer.bridge.protocol import ERROR_CODES, PROTOCOL_VERSION, ErrorReply, Request
-from edgeinfer.bridge.publish import DeployOutcome, deploy_package, rollback_package
-from edgeinfer.bridge.release import sign_package
-from edgeinfer.bridge.settings import BridgeConfig, default_client_id
-from edgeinfer.bridge.signing import TrustedKeys, generate_keypair
-from edgeinfer.bridge.worker import Worker
+from edgeinfer.bridge.ota.deploy import DeployConfig, Deployer
+from edgeinfer.bridge.ota.publish import DeployOutcome, deploy_package, rollback_package
+from edgeinfer.bridge.ota.release import sign_package
+from edgeinfer.bridge.ota.signing import TrustedKeys, generate_keypair
+from edgeinfer.bridge.serve.mqtt import Bridge
+from edgeinfer.bridge.serve.settings import BridgeConfig, default_client_id
+from edgeinfer.bridge.serve.worker import Worker
+from edgeinfer.bridge.wire.protocol import ERROR_CODES, PROTOCOL_VERSION, ErrorReply, Request
 
 __all__ = [
     "ERROR_CODES",

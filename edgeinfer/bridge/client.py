@@ -19,8 +19,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from edgeinfer.bridge import protocol as proto
 from edgeinfer.bridge.connection import Connection, Handshake, connect_async, new_paho_client
+from edgeinfer.bridge.wire import protocol as proto
 from edgeinfer.errors import BridgeError, ConfigError, ReplyError, RequestTimeoutError
 
 if TYPE_CHECKING:

@@ -164,7 +164,7 @@ def serve(
     deploy = None
     if deploy_dir is not None:
         from edgeinfer.bridge import DeployConfig, TrustedKeys
-        from edgeinfer.bridge.signing import read_revoked
+        from edgeinfer.bridge.ota.signing import read_revoked
 
         if not trusted_key:
             raise ConfigError("--deploy-dir needs at least one --trusted-key (a .pub file)")

@@ -32,7 +32,7 @@ def keygen(
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Make an Ed25519 key pair for signing packages."""
-    from edgeinfer.bridge.signing import generate_keypair
+    from edgeinfer.bridge.ota.signing import generate_keypair
 
     key, pub, key_id = generate_keypair(out, overwrite=overwrite, rotate_from=rotate_from)
     if json_out:
@@ -70,7 +70,7 @@ def sign(
     json_out: Annotated[bool, typer.Option("--json", help="print the signature as JSON")] = False,
 ) -> None:
     """Sign a package as a release for some devices (writes PKG/manifest.sig)."""
-    from edgeinfer.bridge.release import sign_package
+    from edgeinfer.bridge.ota.release import sign_package
     from edgeinfer.manifest import Manifest
 
     Manifest.read(package).verify(package)  # sign only what verifies

@@ -28,7 +28,7 @@ from mosquitto import (
 
 import edgeinfer
 from edgeinfer.bridge import Bridge, BridgeConfig, Client, Connection
-from edgeinfer.bridge.replies import epoch_ms
+from edgeinfer.bridge.serve.replies import epoch_ms
 
 __all__ = [
     "LOOPBACK",
@@ -209,7 +209,7 @@ class PahoPeer:
         assert ready.wait(10)
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
-        from edgeinfer.bridge import protocol as proto
+        from edgeinfer.bridge.wire import protocol as proto
 
         fmt = proto.wire_format(getattr(message.properties, "ContentType", None))
         with self._cond:
@@ -227,7 +227,7 @@ class PahoPeer:
         from paho.mqtt.packettypes import PacketTypes
         from paho.mqtt.properties import Properties
 
-        from edgeinfer.bridge import protocol as proto
+        from edgeinfer.bridge.wire import protocol as proto
 
         correlation = correlation or str(body["id"]).encode()
         props = Properties(PacketTypes.PUBLISH)

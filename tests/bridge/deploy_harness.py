@@ -34,9 +34,9 @@ from edgeinfer.bridge import (
     deploy_package,
     rollback_package,
 )
-from edgeinfer.bridge import protocol as proto
-from edgeinfer.bridge.signing import Signer
-from edgeinfer.bridge.staging import DEFAULT_CHUNK_BYTES, ChunkRef, chunk_plan
+from edgeinfer.bridge.ota.signing import Signer
+from edgeinfer.bridge.ota.staging import DEFAULT_CHUNK_BYTES, ChunkRef, chunk_plan
+from edgeinfer.bridge.wire import protocol as proto
 from edgeinfer.cli import main
 from edgeinfer.manifest import MANIFEST_NAME, Manifest, file_entries
 

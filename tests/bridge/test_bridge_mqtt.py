@@ -18,7 +18,7 @@ from paho.mqtt.properties import Properties
 
 import edgeinfer
 from edgeinfer.bridge import Bridge, Client
-from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge.wire import protocol as proto
 from edgeinfer.errors import ReplyError
 
 

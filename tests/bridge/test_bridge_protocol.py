@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgeinfer.bridge import kinds
-from edgeinfer.bridge import protocol as proto
 from edgeinfer.bridge.connection import Connection, parse_broker_url
-from edgeinfer.bridge.kinds import MAX_TEXTS, TextInput
+from edgeinfer.bridge.wire import kinds
+from edgeinfer.bridge.wire import protocol as proto
+from edgeinfer.bridge.wire.kinds import MAX_TEXTS, TextInput
 from edgeinfer.errors import ConfigError
 
 LIMIT = 4096
@@ -191,7 +191,7 @@ def test_reply_filter_patterns_match_as_mqtt_does() -> None:
 
     from paho.mqtt.client import topic_matches_sub
 
-    from edgeinfer.bridge.settings import _filters_pattern
+    from edgeinfer.bridge.serve.settings import _filters_pattern
 
     rng = random.Random(0)
     for _ in range(5000):

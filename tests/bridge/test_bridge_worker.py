@@ -8,9 +8,9 @@ import threading
 from bridge_harness import CountingModel
 
 import edgeinfer
-from edgeinfer.bridge import protocol as proto
-from edgeinfer.bridge.kinds import TextInput
-from edgeinfer.bridge.worker import Outgoing, Worker, epoch_ms
+from edgeinfer.bridge.serve.worker import Outgoing, Worker, epoch_ms
+from edgeinfer.bridge.wire import protocol as proto
+from edgeinfer.bridge.wire.kinds import TextInput
 
 
 def request(i: int, *, ident: str | None = None) -> proto.Request:

@@ -18,7 +18,7 @@ from paho.mqtt.client import Client as PahoClient
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from edgeinfer.bridge import Client, Connection, deploy_package
-from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge.wire import protocol as proto
 from edgeinfer.manifest import Manifest
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "mqtt.md"

@@ -19,7 +19,7 @@ from deploy_harness import DEVICE, Operator, deploy_bridge, keypair, release
 
 import edgeinfer
 from edgeinfer.bridge import Bridge, Connection, TrustedKeys, deploy_package
-from edgeinfer.bridge.deploy_state import (
+from edgeinfer.bridge.ota.state import (
     STATE_NAME,
     Kept,
     Names,

@@ -21,7 +21,7 @@ from deploy_harness import DEVICE, Operator, Rig, chunk_message, keypair
 from paho.mqtt.client import Client as PahoClient
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge.wire import protocol as proto
 
 pytestmark = pytest.mark.slow
 

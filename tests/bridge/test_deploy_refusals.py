@@ -28,7 +28,7 @@ from deploy_harness import (
     variant,
 )
 
-from edgeinfer.bridge.signing import Signer
+from edgeinfer.bridge.ota.signing import Signer
 from edgeinfer.manifest import MANIFEST_NAME, Manifest
 
 pytestmark = pytest.mark.slow

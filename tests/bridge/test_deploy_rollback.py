@@ -14,7 +14,7 @@ import pytest
 from bridge_harness import Harness, Mosquitto
 from deploy_harness import DEVICE, Rig, Sniffer, keypair, sign
 
-from edgeinfer.bridge.deploy_state import load_state
+from edgeinfer.bridge.ota.state import load_state
 from edgeinfer.manifest import Manifest
 
 pytestmark = pytest.mark.slow

@@ -25,7 +25,7 @@ from paho.mqtt.properties import Properties
 
 import edgeinfer
 from edgeinfer.bridge import Bridge, BridgeConfig, Connection
-from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge.wire import protocol as proto
 
 SECONDS, EVERY_S, KILL_AT_S, RESTART_AT_S, RESEND_S = 30.0, 0.2, 10.0, 15.0, 3.0
 

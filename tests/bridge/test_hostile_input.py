@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import edgeinfer
 from edgeinfer.bridge import Bridge, BridgeConfig, Connection
-from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge.wire import protocol as proto
 
 msgpack = pytest.importorskip("msgpack")
 

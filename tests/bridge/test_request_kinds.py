@@ -19,8 +19,8 @@ from bridge_harness import CountingModel, FakeClock, Harness, Mosquitto, PahoPee
 
 import edgeinfer
 from edgeinfer.bridge import Bridge, BridgeConfig, Connection
-from edgeinfer.bridge.images import frames_to_batch
-from edgeinfer.bridge.serving import StreamTable
+from edgeinfer.bridge.serve.serving import StreamTable
+from edgeinfer.bridge.wire.frames import frames_to_batch
 from edgeinfer.package_io import ImageClassifierIO
 
 

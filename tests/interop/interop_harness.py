@@ -200,7 +200,7 @@ def expected_label(package: Path, jpeg: str) -> str:
     from PIL import Image
 
     import edgeinfer
-    from edgeinfer.bridge.images import frames_to_batch
+    from edgeinfer.bridge.wire.frames import frames_to_batch
     from edgeinfer.package_io import ImageClassifierIO
 
     model = edgeinfer.load(package, threads=1)

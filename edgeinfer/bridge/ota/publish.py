@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgeinfer.bridge import protocol as proto
 from edgeinfer.bridge.connection import Connection, Handshake, connect_async, new_paho_client
-from edgeinfer.bridge.release import DEFAULT_ROLLBACK_EXPIRES_S, read_signature, sign_rollback
-from edgeinfer.bridge.staging import DEFAULT_CHUNK_BYTES, MAX_CONTROL_BYTES, chunk_plan
+from edgeinfer.bridge.ota.release import DEFAULT_ROLLBACK_EXPIRES_S, read_signature, sign_rollback
+from edgeinfer.bridge.ota.staging import DEFAULT_CHUNK_BYTES, MAX_CONTROL_BYTES, chunk_plan
+from edgeinfer.bridge.wire import protocol as proto
 from edgeinfer.errors import BridgeError, ConfigError, RequestTimeoutError
 from edgeinfer.manifest import MANIFEST_NAME, Manifest
 

@@ -18,9 +18,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edgeinfer.bridge import arrays, kinds
-from edgeinfer.bridge import protocol as proto
-from edgeinfer.bridge.images import frames_to_batch
+from edgeinfer.bridge.wire import arrays, kinds
+from edgeinfer.bridge.wire import protocol as proto
+from edgeinfer.bridge.wire.frames import frames_to_batch
 from edgeinfer.errors import InputError
 from edgeinfer.package_io import ImageClassifierIO
 

@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.bridge.release import Release, package_signer, read_signature
-from edgeinfer.bridge.signing import TrustedKeys
+from edgeinfer.bridge.ota.release import Release, package_signer, read_signature
+from edgeinfer.bridge.ota.signing import TrustedKeys
 from edgeinfer.errors import DeployRefusedError, EdgeInferError
 from edgeinfer.manifest import MANIFEST_NAME, Manifest
 

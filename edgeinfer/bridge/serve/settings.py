@@ -8,8 +8,8 @@ import socket
 from dataclasses import dataclass
 
 from edgeinfer.bridge.connection import Connection
-from edgeinfer.bridge.staging import MAX_CHUNK_BYTES
-from edgeinfer.bridge.values import MAX_TOPIC_BYTES, valid_topic
+from edgeinfer.bridge.ota.staging import MAX_CHUNK_BYTES
+from edgeinfer.bridge.wire.values import MAX_TOPIC_BYTES, valid_topic
 from edgeinfer.errors import ConfigError
 
 __all__ = ["TOPIC_LEVEL_BAD", "BridgeConfig", "default_client_id"]

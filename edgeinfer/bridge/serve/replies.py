@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.bridge import kinds
-from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge.wire import kinds
+from edgeinfer.bridge.wire import protocol as proto
 
 __all__ = ["DedupStore", "Outgoing", "ReplyCache", "Stored", "cache_key", "epoch_ms"]
 

@@ -22,11 +22,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from edgeinfer.bridge import kinds
-from edgeinfer.bridge import protocol as proto
-from edgeinfer.bridge.failures import wire_error
-from edgeinfer.bridge.replies import DedupStore, Stored
-from edgeinfer.bridge.serving import ModelTable
+from edgeinfer.bridge.serve.replies import DedupStore, Stored
+from edgeinfer.bridge.serve.serving import ModelTable
+from edgeinfer.bridge.wire import kinds
+from edgeinfer.bridge.wire import protocol as proto
+from edgeinfer.bridge.wire.failures import wire_error
 from edgeinfer.config import SamplingConfig
 from edgeinfer.runtime.generate.streaming import first_stop, held_back
 

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge.wire import protocol as proto
 from edgeinfer.errors import DeployRefusedError, EdgeInferError
 
 __all__ = ["DeployStatus", "reason_of"]

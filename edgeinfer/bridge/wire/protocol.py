@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from edgeinfer.bridge import kinds, values
-from edgeinfer.bridge.arrays import ENCODINGS, SHORTEST
-from edgeinfer.bridge.values import valid_topic
+from edgeinfer.bridge.wire import kinds, values
+from edgeinfer.bridge.wire.arrays import ENCODINGS, SHORTEST
+from edgeinfer.bridge.wire.values import valid_topic
 
 __all__ = [
     "BAD_REQUEST",

@@ -32,14 +32,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.bridge import protocol as proto
-from edgeinfer.bridge.deploy_state import Kept, Names
-from edgeinfer.bridge.deploy_status import DeployStatus, Publish
-from edgeinfer.bridge.release import Release, RollbackOrder, signed_manifest
-from edgeinfer.bridge.serving import ModelTable, ServedModel
-from edgeinfer.bridge.settings import TOPIC_LEVEL_BAD
-from edgeinfer.bridge.signing import TrustedKeys
-from edgeinfer.bridge.staging import MAX_CONTROL_BYTES, Staging
+from edgeinfer.bridge.ota.release import Release, RollbackOrder, signed_manifest
+from edgeinfer.bridge.ota.signing import TrustedKeys
+from edgeinfer.bridge.ota.staging import MAX_CONTROL_BYTES, Staging
+from edgeinfer.bridge.ota.state import Kept, Names
+from edgeinfer.bridge.ota.status import DeployStatus, Publish
+from edgeinfer.bridge.serve.serving import ModelTable, ServedModel
+from edgeinfer.bridge.serve.settings import TOPIC_LEVEL_BAD
+from edgeinfer.bridge.wire import protocol as proto
 from edgeinfer.errors import ConfigError, DeployRefusedError, EdgeInferError
 from edgeinfer.manifest import Manifest
 

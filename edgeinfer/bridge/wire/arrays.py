@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from edgeinfer.bridge import values
+from edgeinfer.bridge.wire import values
 
 __all__ = [
     "DTYPES",

@@ -27,7 +27,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any, Final
 
 from edgeinfer.bridge.connection import connect_async, new_paho_client
-from edgeinfer.bridge.settings import BridgeConfig
+from edgeinfer.bridge.serve.settings import BridgeConfig
 
 if TYPE_CHECKING:
     from paho.mqtt.client import Client as PahoClient

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from edgeinfer import providers
-from edgeinfer.bridge.signing import Signer, TrustedKeys
+from edgeinfer.bridge.ota.signing import Signer, TrustedKeys
 from edgeinfer.config import QuantConfig
 from edgeinfer.errors import ConfigError, DeployRefusedError, EdgeInferError, IntegrityError
 from edgeinfer.manifest import MANIFEST_NAME, Manifest

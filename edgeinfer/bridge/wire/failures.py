@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from edgeinfer.bridge import protocol as proto
+from edgeinfer.bridge.wire import protocol as proto
 from edgeinfer.errors import ConfigError, EdgeInferError, InputError, MissingDependencyError
 
 __all__ = ["wire_error"]

@@ -16,11 +16,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from edgeinfer.bridge import kinds
-from edgeinfer.bridge import protocol as proto
-from edgeinfer.bridge.failures import wire_error
-from edgeinfer.bridge.generation import GenerationLane
-from edgeinfer.bridge.replies import (
+from edgeinfer.bridge.serve.generation import GenerationLane
+from edgeinfer.bridge.serve.replies import (
     DedupStore,
     Outgoing,
     ReplyCache,
@@ -28,8 +25,17 @@ from edgeinfer.bridge.replies import (
     cache_key,
     epoch_ms,
 )
-from edgeinfer.bridge.serving import ModelTable, ServedModel, StreamTable, kind_of, run_request
-from edgeinfer.bridge.stats import ModelStats, percentiles
+from edgeinfer.bridge.serve.serving import (
+    ModelTable,
+    ServedModel,
+    StreamTable,
+    kind_of,
+    run_request,
+)
+from edgeinfer.bridge.serve.stats import ModelStats, percentiles
+from edgeinfer.bridge.wire import kinds
+from edgeinfer.bridge.wire import protocol as proto
+from edgeinfer.bridge.wire.failures import wire_error
 from edgeinfer.errors import ConfigError
 from edgeinfer.runtime.metrics import LatencyWindow
 

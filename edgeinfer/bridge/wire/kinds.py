@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from edgeinfer.bridge import arrays, values
+from edgeinfer.bridge.wire import arrays, values
 from edgeinfer.config import SamplingConfig
 
 __all__ = [

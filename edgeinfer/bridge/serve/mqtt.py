@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgeinfer.bridge import protocol as proto
 from edgeinfer.bridge.connection import connect_async, new_paho_client
-from edgeinfer.bridge.deploy import DeployConfig, Deployer
-from edgeinfer.bridge.homeassistant import AvailabilityLink, discovery_messages
-from edgeinfer.bridge.serving import ModelTable, StreamTable
-from edgeinfer.bridge.settings import TOPIC_LEVEL_BAD, BridgeConfig, default_client_id
-from edgeinfer.bridge.worker import Outgoing, ServedModel, Worker, epoch_ms
+from edgeinfer.bridge.ota.deploy import DeployConfig, Deployer
+from edgeinfer.bridge.serve.homeassistant import AvailabilityLink, discovery_messages
+from edgeinfer.bridge.serve.serving import ModelTable, StreamTable
+from edgeinfer.bridge.serve.settings import TOPIC_LEVEL_BAD, BridgeConfig, default_client_id
+from edgeinfer.bridge.serve.worker import Outgoing, ServedModel, Worker, epoch_ms
+from edgeinfer.bridge.wire import protocol as proto
 from edgeinfer.errors import BrokerAuthError, BrokerUnavailableError, ConfigError
 
 if TYPE_CHECKING:

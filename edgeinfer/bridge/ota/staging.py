@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.bridge.release import SIGNATURE_NAME
+from edgeinfer.bridge.ota.release import SIGNATURE_NAME
 from edgeinfer.errors import ConfigError, DeployRefusedError, IntegrityError
 from edgeinfer.manifest import MANIFEST_NAME, FileEntry, check_member_name
 
