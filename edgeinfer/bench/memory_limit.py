@@ -36,6 +36,7 @@ __all__ = ["LimitedRun", "SweepResult", "cgroup_unavailable", "run_limited", "sm
 _ROOT = Path("/sys/fs/cgroup")
 STEP_BYTES = 10 * 2**20  # the issue's steps: a board's memory is known to about this
 MIN_FRACTION = 0.9  # "still serving": at least 90 % of the unconstrained decode rate
+RUNS = 3  # requests per process, the median rate kept: one run is at the mercy of a neighbour
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,10 @@ class LimitedRun:
     Attributes:
         oom_killed: the kernel killed the process for the cgroup's memory.
         returncode: the process's exit status (negative: the signal that ended it).
-        decode_tokens_per_s: the decode rate; ``None`` when the run did not finish.
-        ttft_ms: time to the first token; ``None`` when the run did not finish.
+        decode_tokens_per_s: the median run's decode rate; ``None`` when it did not finish.
+        ttft_ms: the median run's time to the first token; ``None`` when it did not finish.
         peak_rss_bytes: the process's VmHWM at the end of the run (0 when it did not finish).
-        token_ids: the greedy tokens it decoded (empty when it did not finish).
+        token_ids: the median run's greedy tokens (empty when it did not finish).
         error: the last line the process wrote to stderr when it failed, else "".
     """
 
@@ -155,7 +156,8 @@ def run_limited(
     timeout_s: float = 300.0,
 ) -> LimitedRun:
     """Load ``path`` (``kind`` "package" or "llamacpp") in a process under ``limit_bytes``
-    and decode ``tokens`` greedy tokens after ``prompt_ids`` once.
+    and decode ``tokens`` greedy tokens after ``prompt_ids``, ``RUNS`` times (the median
+    run is reported).
 
     Raises:
         ConfigError: no memory cgroup can be made here (``cgroup_unavailable`` says why).
@@ -163,7 +165,7 @@ def run_limited(
     group = _Cgroup(limit_bytes) if limit_bytes is not None else None
     spec = {"kind": kind, "path": str(path), "prompt_ids": list(prompt_ids)}
     commands = [{**spec, "tokens": tokens, "threads": threads, "warmup": 0}]
-    commands += [{"cmd": "measure", "warmup": 0, "runs": 1}, {"cmd": "quit"}]
+    commands += [{"cmd": "measure", "warmup": 0, "runs": RUNS}, {"cmd": "quit"}]
     _drop_cache(path)
     try:
         done = subprocess.run(
@@ -182,7 +184,12 @@ def run_limited(
         if group is not None:
             group.close()
     replies = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    run = replies[1]["runs"][0] if returncode == 0 and len(replies) == 2 else None
+    runs = replies[1]["runs"] if returncode == 0 and len(replies) == 2 else []
+    run = (
+        sorted(runs, key=lambda r: float(r["decode_tokens_per_s"]))[len(runs) // 2]
+        if runs
+        else None
+    )
     return LimitedRun(
         limit_bytes=limit_bytes,
         oom_killed=killed,
