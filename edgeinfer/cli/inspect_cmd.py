@@ -155,7 +155,6 @@ def _footprint_table(found: dict[str, Any]) -> Table:
     rows = [
         ("RSS serving", f"{serving['serving']['rss_bytes'] / mb:.0f} MB"),
         ("peak RSS", f"{serving['serving']['peak_rss_bytes'] / mb:.0f} MB"),
-        ("RSS before loading", f"{serving['libraries']['rss_bytes'] / mb:.0f} MB (libraries)"),
         *(
             (f"  {label}", f"{serving['breakdown'][key] / mb:.1f} MB")
             for key, label in _BREAKDOWN_ROWS
