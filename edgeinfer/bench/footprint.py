@@ -25,6 +25,7 @@ from edgeinfer.errors import EdgeInferError, InferenceError
 
 __all__ = [
     "RUNTIME_REQUIREMENT",
+    "Breakdown",
     "DistributionSize",
     "MemoryUsage",
     "ServingFootprint",
@@ -60,10 +61,41 @@ class DistributionSize:
 
 @dataclass(frozen=True)
 class MemoryUsage:
-    """A process's resident memory now (``rss_bytes``) and at its highest (``peak_rss_bytes``)."""
+    """A process's resident memory now (``rss_bytes``) and at its highest (``peak_rss_bytes``);
+    of ``rss_bytes``, ``anonymous_bytes`` are the process's own pages (heap, copies: the kernel
+    can only swap them out) and ``file_bytes`` pages of mapped files (clean ones it can drop
+    and read again). Both 0 where the system does not say."""
 
     rss_bytes: int
     peak_rss_bytes: int
+    anonymous_bytes: int = 0
+    file_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Where a serving process's resident memory goes, in bytes; the parts sum to its RSS.
+
+    Attributes:
+        runtime_and_python: the interpreter and the runtime's libraries, imported.
+        tokenizer: what the package's tokenizer holds once loaded (measured alone, before
+            the model).
+        file_weights: resident pages of the package's own files (mapped weights: the kernel
+            drops and rereads them under memory pressure).
+        anonymous_weights: the rest of the process's own memory that loading and one request
+            added: prepacked weight copies, onnxruntime's arena, the heap.
+        kv_cache: the keys and values of the request's tokens (generate packages).
+        other_files: library pages first touched by loading and running (code, data).
+        kv_bytes_per_token: what each token of context adds (generate packages; 0 otherwise).
+    """
+
+    runtime_and_python: int
+    tokenizer: int
+    file_weights: int
+    anonymous_weights: int
+    kv_cache: int
+    other_files: int
+    kv_bytes_per_token: int
 
 
 @dataclass(frozen=True)
@@ -77,6 +109,7 @@ class ServingFootprint:
         libraries: memory after importing the runtime, before loading the package.
         serving: memory after loading the package and answering one request.
         distributions: the non-stdlib distributions the process imported, with their sizes.
+        breakdown: ``serving.rss_bytes`` by what holds it.
     """
 
     package: str
@@ -85,6 +118,7 @@ class ServingFootprint:
     libraries: MemoryUsage
     serving: MemoryUsage
     distributions: tuple[DistributionSize, ...]
+    breakdown: Breakdown
 
     @property
     def installed_bytes(self) -> int:
@@ -107,17 +141,22 @@ class ServingFootprint:
             libraries=MemoryUsage(**data["libraries"]),
             serving=MemoryUsage(**data["serving"]),
             distributions=tuple(DistributionSize(**d) for d in data["distributions"]),
+            breakdown=Breakdown(**data["breakdown"]),
         )
 
 
 def memory_usage() -> MemoryUsage:
-    """This process's resident memory: ``VmRSS``/``VmHWM`` on Linux, else the peak for both."""
+    """This process's resident memory: ``VmRSS``/``VmHWM`` (``RssAnon``, ``RssFile``) on Linux,
+    else the peak for both."""
     status = Path("/proc/self/status")
     if status.exists():
         fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
         if "VmRSS" in fields and "VmHWM" in fields:
             return MemoryUsage(
-                rss_bytes=_kib(fields["VmRSS"]), peak_rss_bytes=_kib(fields["VmHWM"])
+                rss_bytes=_kib(fields["VmRSS"]),
+                peak_rss_bytes=_kib(fields["VmHWM"]),
+                anonymous_bytes=_kib(fields.get("RssAnon", "0")),
+                file_bytes=_kib(fields.get("RssFile", "0")),
             )
     import resource  # not on Windows; Linux takes the branch above
 
@@ -215,18 +254,42 @@ def measure_serving(package: str | Path, *, threads: int | None = None) -> Servi
     Call it in a fresh process (``measure_serving_in_subprocess``): memory that the process
     already holds counts as the package's.
     """
-    from edgeinfer.runtime import load
+    import tokenizers
 
+    from edgeinfer.manifest import Manifest
+    from edgeinfer.package_io import DecoderIO
+    from edgeinfer.runtime import load, memory
+
+    folder = Path(package)
     libraries = memory_usage()
-    model = load(package, threads=threads)
+    manifest = Manifest.read(folder)
+    tokenizer_file = getattr(manifest.io, "tokenizer", None)
+    tokenizer = 0
+    if tokenizer_file:  # loaded alone first: what it holds, the model's own copy aside
+        loaded = tokenizers.Tokenizer.from_file(str(folder / tokenizer_file))
+        memory.release_heap()
+        tokenizer = max(0, memory_usage().anonymous_bytes - libraries.anonymous_bytes)
+        del loaded
+        memory.release_heap()
+    model = load(folder, threads=threads)
+    kv_tokens = kv_per_token = 0
     if model.task == "generate":
-        model.generate(SAMPLE_PROMPT, max_new_tokens=SAMPLE_NEW_TOKENS)
+        result = model.generate(SAMPLE_PROMPT, max_new_tokens=SAMPLE_NEW_TOKENS)
+        io = manifest.io_as(DecoderIO)
+        itemsize = 2 if io.kv_dtype == "float16" else 4
+        kv_per_token = 2 * io.num_layers * io.num_kv_heads * io.head_dim * itemsize
+        kv_tokens = result.prompt_tokens + len(result.token_ids)
     elif model.task == "classify":
         model.classify(list(SAMPLE_TEXTS))
     else:
         model.embed(list(SAMPLE_TEXTS))
     serving = memory_usage()
+    inside = str(folder.resolve()) + "/"
+    file_weights = sum(
+        m.rss_bytes - m.anonymous_bytes for m in memory.mappings() if m.path.startswith(inside)
+    )
     model.close()
+    kv = kv_per_token * kv_tokens
     return ServingFootprint(
         package=str(package),
         task=model.task,
@@ -234,6 +297,17 @@ def measure_serving(package: str | Path, *, threads: int | None = None) -> Servi
         libraries=libraries,
         serving=serving,
         distributions=tuple(distribution_sizes(loaded_distributions())),
+        breakdown=Breakdown(
+            runtime_and_python=libraries.rss_bytes,
+            tokenizer=tokenizer,
+            file_weights=file_weights,
+            anonymous_weights=max(
+                0, serving.anonymous_bytes - libraries.anonymous_bytes - tokenizer - kv
+            ),
+            kv_cache=kv,
+            other_files=max(0, serving.file_bytes - libraries.file_bytes - file_weights),
+            kv_bytes_per_token=kv_per_token,
+        ),
     )
 
 

@@ -111,20 +111,28 @@ def prompt_ids(package: Path) -> list[int]:
     return head + list(tok.encode(text, add_special_tokens=False).ids)
 
 
-def _summary(loaded: dict[str, Any], runs: list[dict[str, Any]], rss: int) -> dict[str, Any]:
+def _summary(
+    loaded: dict[str, Any], runs: list[dict[str, Any]], rss: dict[str, int]
+) -> dict[str, Any]:
     """Medians over the interleaved rounds (time to first token, decode tokens/s), the file
-    bytes, cold start and peak RSS of one engine."""
+    bytes, cold start and RSS of one engine: after loading, after the last round, peak."""
     return {
         "ttft_ms": round(float(np.median([r["ttft_ms"] for r in runs])), 1),
         "decode_tokens_per_s": round(float(np.median([r["decode_tokens_per_s"] for r in runs])), 1),
         "file_mb": round(loaded["file_bytes"] / 1e6, 1),
         "cold_start_ms": round(float(loaded["cold_start_ms"]), 1),
-        "peak_rss_mb": round(rss / 2**20, 1),
+        "loaded_rss_mb": round(loaded["loaded_rss_bytes"] / 2**20, 1),
+        "rss_after_run_mb": round(rss["rss_bytes"] / 2**20, 1),
+        "peak_rss_mb": round(rss["peak_rss_bytes"] / 2**20, 1),
     }
 
 
 def _package_row(
-    package: Path, loaded: dict[str, Any], runs: list[dict[str, Any]], rss: int, bandwidth: float
+    package: Path,
+    loaded: dict[str, Any],
+    runs: list[dict[str, Any]],
+    rss: dict[str, int],
+    bandwidth: float,
 ) -> dict[str, Any]:
     manifest = Manifest.read(package)
     ms = np.array([s for r in runs for s in r["inter_token_ms"]])
@@ -156,14 +164,15 @@ def _package_row(
 
 def _measure(
     engines: list[tuple[str, Path]], ids: list[int], *, threads: int, tokens: int, rounds: int
-) -> list[tuple[dict[str, Any], list[dict[str, Any]], int]]:
-    """Each engine in its own process, the rounds interleaved: (load report, runs, peak RSS)."""
+) -> list[tuple[dict[str, Any], list[dict[str, Any]], dict[str, int]]]:
+    """Each engine in its own process, the rounds interleaved: (load report, runs, RSS now and
+    at its peak after the last round)."""
     from edgeinfer.bench.runner import Candidate, _Worker
 
     extra = {"prompt_ids": ids, "tokens": tokens}
     workers: list[_Worker] = []
     runs: list[list[dict[str, Any]]] = [[] for _ in engines]
-    rss = [0 for _ in engines]
+    rss: list[dict[str, int]] = [{} for _ in engines]
     try:
         for kind, path in engines:  # started one at a time: cold starts do not compete
             candidate = Candidate(path.name, kind, path)  # type: ignore[arg-type]
@@ -173,7 +182,7 @@ def _measure(
             for k, worker in enumerate(workers):
                 reply = worker.measure(1, 1 if round_index == 0 else 0)
                 runs[k].extend(reply["runs"])
-                rss[k] = int(reply["peak_rss_bytes"])
+                rss[k] = {key: int(reply[key]) for key in ("rss_bytes", "peak_rss_bytes")}
                 time.sleep(_SETTLE_S)
     finally:
         for worker in workers:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.bench.footprint import memory_usage
 from edgeinfer.errors import EdgeInferError, MissingDependencyError
 
 __all__ = ["main"]
@@ -114,16 +114,11 @@ def _llamacpp(spec: dict[str, Any]) -> Measure:
     return measure
 
 
-def _peak_rss_bytes() -> int:
-    """This process's peak resident memory: VmHWM, the high-water mark of its own address
-    space. (``ru_maxrss`` would keep the parent's peak across fork + exec.)"""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+def _memory() -> dict[str, int]:
+    """This process's resident memory now and its high-water mark (VmRSS, VmHWM: its own
+    address space; ``ru_maxrss`` would keep the parent's peak across fork + exec)."""
+    usage = memory_usage()
+    return {"rss_bytes": usage.rss_bytes, "peak_rss_bytes": usage.peak_rss_bytes}
 
 
 def main() -> int:
@@ -136,6 +131,7 @@ def main() -> int:
     spec = json.loads(sys.stdin.readline())
     started = time.perf_counter()
     measure = _llamacpp(spec) if spec["kind"] == "llamacpp" else _package(spec)
+    loaded_rss = _memory()["rss_bytes"]  # loaded, no request answered yet
     first = measure(True)
     path = Path(spec["path"])
     files = [path] if path.is_file() else [p for p in path.iterdir() if p.is_file()]
@@ -149,6 +145,7 @@ def main() -> int:
             "cold_start_ms": (time.perf_counter() - started) * 1e3,
             "file_bytes": sum(p.stat().st_size for p in files),
             "token_ids": first["token_ids"],
+            "loaded_rss_bytes": loaded_rss,
         }
     )
     for line in sys.stdin:
@@ -158,7 +155,7 @@ def main() -> int:
         for _ in range(int(command["warmup"])):
             measure(False)
         runs = [measure(False) for _ in range(int(command["runs"]))]
-        reply({"runs": runs, "peak_rss_bytes": _peak_rss_bytes()})
+        reply({"runs": runs, **_memory()})
     return 0
 
 

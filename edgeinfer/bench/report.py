@@ -101,7 +101,7 @@ def generation_table(result: dict[str, Any]) -> Table:
         "roofline tok/s",
         "of roofline",
         "file MB",
-        "peak RSS MB",
+        "RSS MB load/run/peak",
         "vs PyTorch",
     ):
         out.add_column(column, justify="left" if column == "candidate" else "right")
@@ -117,7 +117,7 @@ def generation_table(result: dict[str, Any]) -> Table:
             f"{row['roofline_tokens_per_s']:.1f}",
             f"{row['roofline_fraction']:.0%}",
             f"{row['file_mb']:.1f}",
-            f"{row['peak_rss_mb']:.0f}",
+            _rss(row),
             f"{speed:.2f}x" if speed is not None else "—",
         )
     for c in result.get("llamacpp", []):
@@ -127,7 +127,7 @@ def generation_table(result: dict[str, Any]) -> Table:
             f"{c['decode_tokens_per_s']:.1f}",
             *("—",) * 4,
             f"{c['file_mb']:.1f}",
-            f"{c['peak_rss_mb']:.0f}",
+            _rss(c),
             "—",
         )
     if "torch" in result:
@@ -145,6 +145,10 @@ def generation_table(result: dict[str, Any]) -> Table:
             "1.00x",
         )
     return out
+
+
+def _rss(row: dict[str, Any]) -> str:
+    return f"{row['loaded_rss_mb']:.0f}/{row['rss_after_run_mb']:.0f}/{row['peak_rss_mb']:.0f}"
 
 
 def generation_plot(result: dict[str, Any], path: Path) -> None:

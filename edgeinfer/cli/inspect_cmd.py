@@ -154,6 +154,17 @@ def _footprint(package: Path) -> dict[str, Any]:
     }
 
 
+# The serving RSS by what holds it, in the order a user sizing a board reads it.
+_BREAKDOWN_ROWS = (
+    ("file_weights", "file-backed weights"),
+    ("anonymous_weights", "anonymous weights/prepacks, arena, heap"),
+    ("kv_cache", "KV cache (the request's tokens)"),
+    ("tokenizer", "tokenizer"),
+    ("runtime_and_python", "runtime and Python"),
+    ("other_files", "library pages touched serving"),
+)
+
+
 def _footprint_table(found: dict[str, Any]) -> Table:
     from rich.markup import escape
 
@@ -163,7 +174,11 @@ def _footprint_table(found: dict[str, Any]) -> Table:
     rows = [
         ("RSS serving", f"{serving['serving']['rss_bytes'] / mb:.0f} MB"),
         ("peak RSS", f"{serving['serving']['peak_rss_bytes'] / mb:.0f} MB"),
-        ("RSS before loading", f"{serving['libraries']['rss_bytes'] / mb:.0f} MB (libraries)"),
+        *(
+            (f"  {label}", f"{serving['breakdown'][key] / mb:.1f} MB")
+            for key, label in _BREAKDOWN_ROWS
+        ),
+        ("KV per token", f"{serving['breakdown']['kv_bytes_per_token'] / 1e3:.1f} kB"),
         (
             "runtime installed",
             f"{serving['installed_bytes'] / mb:.1f} MB: "

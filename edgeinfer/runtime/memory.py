@@ -22,9 +22,9 @@ import ctypes.util
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["drop_file_pages", "release_heap"]
+__all__ = ["Mapping", "drop_file_pages", "mappings", "release_heap"]
 
 _MADV_RANDOM = 1  # no read-around: a gathered row maps its own page, not 64 KiB around it
 _MADV_DONTNEED = 4
@@ -46,26 +46,38 @@ def release_heap() -> None:
         trim(0)
 
 
-def _clean_mappings(path: str) -> list[tuple[int, int]]:
-    """The address ranges of ``path``'s private mappings that hold no written page."""
-    ranges: list[tuple[int, int]] = []
-    current: tuple[int, int] | None = None
+class Mapping(NamedTuple):
+    """One mapping of this process's address space (a region of ``/proc/self/smaps``)."""
+
+    start: int
+    end: int
+    path: str  # the mapped file's path; "" for anonymous memory
+    private: bool
+    rss_bytes: int  # resident
+    anonymous_bytes: int  # resident and private to this process: written, or never a file's
+
+
+def mappings() -> list[Mapping]:
+    """This process's mappings with their resident sizes; empty where there is no smaps."""
+    found: list[Mapping] = []
+    header: tuple[int, int, str, bool] | None = None
+    rss_kib = 0
     try:
         with open("/proc/self/smaps") as smaps:
             for line in smaps:
                 fields = line.split(maxsplit=5)
                 if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
-                    name = fields[5].rstrip("\n") if len(fields) == 6 else ""
-                    private = fields[1].endswith("p")
                     start, end = (int(x, 16) for x in fields[0].split("-"))
-                    current = (start, end) if name == path and private else None
-                elif current is not None and fields[0] == "Anonymous:":
-                    if int(fields[1]) == 0:
-                        ranges.append(current)
-                    current = None
+                    name = fields[5].rstrip("\n") if len(fields) == 6 else ""
+                    header = (start, end, name, fields[1].endswith("p"))
+                elif header is not None and fields[0] == "Rss:":
+                    rss_kib = int(fields[1])
+                elif header is not None and fields[0] == "Anonymous:":
+                    found.append(Mapping(*header, rss_kib * 1024, int(fields[1]) * 1024))
+                    header = None
     except OSError:
         return []
-    return ranges
+    return found
 
 
 def drop_file_pages(path: Path) -> int:
@@ -74,7 +86,12 @@ def drop_file_pages(path: Path) -> int:
     madvise = getattr(_libc(), "madvise", None)
     if madvise is None or not path.is_file():
         return 0
-    ranges = _clean_mappings(os.path.realpath(path))
+    target = os.path.realpath(path)
+    ranges = [
+        (m.start, m.end)
+        for m in mappings()
+        if m.path == target and m.private and m.anonymous_bytes == 0
+    ]
     for start, end in ranges:
         for advice in (_MADV_RANDOM, _MADV_DONTNEED):
             madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), advice)

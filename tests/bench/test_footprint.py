@@ -116,3 +116,24 @@ def test_inspect_footprint_measures_a_serving_process(minilm_int8: Path) -> None
 def test_a_failed_measurement_says_why(tmp_path: Path) -> None:
     with pytest.raises(InferenceError, match="not an edgeinfer package"):
         footprint.measure_serving_in_subprocess(tmp_path)
+
+
+def test_the_breakdown_of_a_generate_package_adds_up(tiny_package: Path) -> None:
+    found = footprint.measure_serving_in_subprocess(tiny_package)
+    parts = found.breakdown
+    held = (
+        parts.runtime_and_python,
+        parts.tokenizer,
+        parts.file_weights,
+        parts.anonymous_weights,
+        parts.kv_cache,
+        parts.other_files,
+    )
+    assert min(held) >= 0
+    # The parts split the serving RSS (shared memory aside, which they do not count).
+    assert sum(held) <= found.serving.rss_bytes
+    assert parts.runtime_and_python == found.libraries.rss_bytes
+    assert parts.tokenizer > 0  # a tokenizer holds its vocabulary
+    # The request's keys and values: a whole number of tokens, at least the prompt's.
+    assert parts.kv_bytes_per_token > 0
+    assert parts.kv_cache % parts.kv_bytes_per_token == 0 and parts.kv_cache > 0

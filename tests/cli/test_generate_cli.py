@@ -57,6 +57,9 @@ def test_bench_a_generate_package_against_pytorch(
     p = row["inter_token_ms"]
     assert p["p50"] <= p["p95"] <= p["p99"]
     assert 0 < row["roofline_fraction"] and row["python_overhead_us_per_token"] >= 0
+    # RSS after loading and after the rounds, each at most the process's peak
+    assert 0 < row["loaded_rss_mb"] <= row["peak_rss_mb"]
+    assert 0 < row["rss_after_run_mb"] <= row["peak_rss_mb"]
     assert result["torch"]["decode_tokens_per_s"] > 0
     (speedup,) = result["speedup_tokens_per_s"].values()
     expected = row["decode_tokens_per_s"] / result["torch"]["decode_tokens_per_s"]
