@@ -93,6 +93,14 @@ def export(
             "(repeatable; default: found by name)"
         ),
     ] = None,
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="raw ONNX graphs: the gate's metric of an output, OUTPUT=METRIC (detections, "
+            "sequence[:BLANK], probabilities, embedding, state, tensor, exact; repeatable; "
+            "default: chosen from the outputs)"
+        ),
+    ] = None,
     max_accuracy_loss: Annotated[
         float | None,
         typer.Option(help="allowed loss vs PyTorch fp32 (default: the recipe's, else 0.01)"),
@@ -179,13 +187,15 @@ def export(
     elif variants or kv_dtype:
         names = tuple(v.strip() for v in variants.split(",") if v) if variants else None
         builder = DecoderOptions(variants=names, kv_dtype=kv_dtype or "float32")
-    if labels is not None or state:
+    if labels is not None or state or metric:
         if builder is not None:
             raise ConfigError(
-                "--labels and --state export ONNX files: drop --early-exit, --variants and "
-                "--distill-layers"
+                "--labels, --state and --metric export ONNX files: drop --early-exit, "
+                "--variants and --distill-layers"
             )
-        builder = OnnxFileOptions(labels=labels, state=tuple(state or ()))
+        builder = OnnxFileOptions(
+            labels=labels, state=tuple(state or ()), metrics=tuple(metric or ())
+        )
     options = ExportOptions(
         source=source,
         out=out,

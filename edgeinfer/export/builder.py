@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from edgeinfer.errors import ConfigError
 from edgeinfer.export import package
 from edgeinfer.export.context import Candidate, ExportContext, Quality
+from edgeinfer.export.gates.verdict import Verdict
 from edgeinfer.export.passes.validate import Accuracy
 from edgeinfer.package_io import PackageIO
 
@@ -109,9 +110,12 @@ class GraphBuilder(Builder):
             requested=requested,
         )
 
-    def gate(self, candidate: Candidate, accuracy: Accuracy, summary: str, **details: Any) -> None:
-        """Record ``candidate``'s quality: ``accuracy`` against the run's budget, with
-        ``summary`` for messages and ``details`` beside the accuracy's in the report."""
+    def gate(
+        self, candidate: Candidate, accuracy: Accuracy | Verdict, summary: str, **details: Any
+    ) -> None:
+        """Record ``candidate``'s quality: ``accuracy`` (one metric, or a verdict per output)
+        against the run's budget, with ``summary`` for messages and ``details`` beside the
+        accuracy's in the report."""
         loss = self.run.max_accuracy_loss
         quality = Quality(
             metric=accuracy.metric,

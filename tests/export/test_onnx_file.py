@@ -110,7 +110,8 @@ def test_a_stateful_onnx_graph_becomes_a_raw_package(raw_package: Path) -> None:
     assert manifest["io"]["state"] == [
         {"input": "state", "output": "stateN", "dtype": "float32", "shape": [1, 4]}
     ]
-    assert manifest["accuracy"]["value"]["metric"] == "relative_error"
+    judged = manifest["accuracy"]["value"]["outputs"]
+    assert (judged["out"]["metric"], judged["stateN"]["metric"]) == ("tensor_error", "state_cosine")
     with edgeinfer.load(raw_package) as model:
         assert isinstance(model.manifest.io, RawIO)
         x = np.ones((1, 4), np.float32)

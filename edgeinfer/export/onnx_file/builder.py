@@ -19,6 +19,7 @@ from edgeinfer.errors import ConfigError, ParityError
 from edgeinfer.export import package
 from edgeinfer.export.builder import GraphBuilder
 from edgeinfer.export.context import Candidate
+from edgeinfer.export.gates.verdict import Verdict
 from edgeinfer.export.onnx_file import user_graph
 from edgeinfer.export.onnx_file.forms import Form, ImageForm, RawForm, TextForm
 from edgeinfer.export.options import OnnxFileOptions
@@ -148,11 +149,11 @@ class OnnxFileBuilder(GraphBuilder):
         with load_candidate(self.run.stage_candidate(candidate), self.run.threads) as model:
             return self.form.evaluate(model)
 
-    def _measure(self, candidate: Candidate) -> Accuracy:
+    def _measure(self, candidate: Candidate) -> Accuracy | Verdict:
         accuracy, details, where = self.form.score(self.reference, self._evaluate(candidate))
         value = (
-            f"relative error {1 - accuracy.mean:.4g}"
-            if accuracy.metric == "relative_error"
+            accuracy.summary(self.run.max_accuracy_loss)
+            if isinstance(accuracy, Verdict)
             else f"{accuracy.metric} {accuracy.mean:.4f}"
         )
         self.gate(

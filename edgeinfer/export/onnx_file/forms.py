@@ -22,11 +22,14 @@ from edgeinfer.export.context import ExportContext
 from edgeinfer.export.data import tensors
 from edgeinfer.export.data.photos import builtin_images, read_images, split_images
 from edgeinfer.export.data.text import builtin_text, read_text_file, split_texts, text_feeds
+from edgeinfer.export.gates.choice import Choice, choose, judge
+from edgeinfer.export.gates.declared import parse_declared
+from edgeinfer.export.gates.verdict import Verdict
 from edgeinfer.export.labels import default_labels, read_labels
 from edgeinfer.export.onnx_file.user_graph import state_pairs
 from edgeinfer.export.options import OnnxFileOptions
 from edgeinfer.export.passes import convert
-from edgeinfer.export.passes.validate import Accuracy, agreement, compare, relative_error, run_model
+from edgeinfer.export.passes.validate import Accuracy, agreement, compare, run_model
 from edgeinfer.export.vision.preprocessing import spec_from_processor, spec_from_table
 from edgeinfer.package_io import (
     ImageClassifierIO,
@@ -90,7 +93,9 @@ class Form(abc.ABC):
         """The candidate's outputs on the held data."""
 
     @abc.abstractmethod
-    def score(self, reference: Any, candidate: Any) -> tuple[Accuracy, dict[str, Any], str]:
+    def score(
+        self, reference: Any, candidate: Any
+    ) -> tuple[Accuracy | Verdict, dict[str, Any], str]:
         """The gate's accuracy, the report's extra details, and where it was measured."""
 
     @abc.abstractmethod
@@ -325,20 +330,36 @@ class RawForm(Form):
         inputs, outputs = package.read_io(graph)
         return RawIO(graph=package.GRAPH_NAME, inputs=inputs, outputs=outputs, state=self.state)
 
-    def evaluate(self, model: Model) -> dict[str, np.ndarray]:
-        collected: dict[str, list[np.ndarray]] = {}
-        for index, stream in enumerate(self.held):
-            name = f"held-{index}"
+    def evaluate(self, model: Model) -> list[dict[str, np.ndarray]]:
+        """Every held call's outputs, state outputs included, call by call (shapes may differ
+        between calls): each stream's state starts as zeros and is carried as the runtime's
+        streams carry it."""
+        outputs: list[dict[str, np.ndarray]] = []
+        for stream in self.held:
+            state = {s.input: np.zeros(s.shape, np.dtype(s.dtype)) for s in self.state}
             for call in stream:
-                for key, value in model.run(call, stream=name).items():
-                    collected.setdefault(key, []).append(value)
-            model.end_stream(name)
-        return {k: np.stack(v) for k, v in collected.items()}
+                outputs.append(model.run({**call, **state}))
+                state = {i: outputs[-1][o] for i, o in self.pairs}
+        return outputs
 
-    def score(self, reference: Any, candidate: Any) -> tuple[Accuracy, dict[str, Any], str]:
-        accuracy, errors = relative_error(reference, candidate)
-        details = {"relative_error": {k: round(v, 6) for k, v in errors.items()}}
-        return accuracy, details, f"{accuracy.count} held calls"
+    def choices(self, reference: list[dict[str, np.ndarray]]) -> tuple[Choice, ...]:
+        """Each output's metric (chosen once, on fp32's first held call)."""
+        if not hasattr(self, "_choices"):
+            self._choices = choose(
+                kind="raw",
+                feeds=self.held[0][0],
+                reference=reference[0],
+                state={o: i for i, o in self.pairs},
+                declared=parse_declared(self.options.metrics),
+            )
+        return self._choices
+
+    def score(self, reference: Any, candidate: Any) -> tuple[Verdict, dict[str, Any], str]:
+        calls = [call for stream in self.held for call in stream]
+        verdict = judge(
+            self.choices(reference), feeds=calls, reference=reference, candidate=candidate
+        )
+        return verdict, {}, f"{len(calls)} held calls"
 
     def calibration_feeds(self, graph: Path, staged: Path) -> list[dict[str, np.ndarray]]:
         """Every calibration call with the state the graph really had there (run in fp32)."""
