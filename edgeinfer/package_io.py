@@ -33,6 +33,7 @@ __all__ = [
     "ImageSpec",
     "PackageIO",
     "RawIO",
+    "Scores",
     "StateSpec",
     "TensorSpec",
     "TextClassifierIO",
@@ -40,6 +41,10 @@ __all__ = [
     "io_from_dict",
     "io_to_dict",
 ]
+
+# What a classifier graph's first output holds: "logits" (softmaxed on the device) or
+# "probabilities" (the graph ends in a softmax: reported as they are, never softmaxed again).
+Scores = Literal["logits", "probabilities"]
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,7 @@ class TextEncoderIO:
 
 @dataclass(frozen=True)
 class TextClassifierIO:
-    """Texts -> ``labels`` (the graph's logits in label order)."""
+    """Texts -> ``labels`` (the graph's logits in label order; ``scores``: what they are)."""
 
     kind: ClassVar[str] = "text-classifier"
     graph: str
@@ -102,6 +107,7 @@ class TextClassifierIO:
     outputs: tuple[TensorSpec, ...]
     max_seq_len: int
     labels: tuple[str, ...]
+    scores: Scores = "logits"
 
 
 @dataclass(frozen=True)
@@ -130,7 +136,8 @@ class ExitSegmentsIO:
 
 @dataclass(frozen=True)
 class ImageClassifierIO:
-    """Images -> ``labels``; ``image`` says how pixels become the graph's input."""
+    """Images -> ``labels``; ``image`` says how pixels become the graph's input, ``scores``
+    what the graph's first output holds."""
 
     kind: ClassVar[str] = "image-classifier"
     graph: str
@@ -138,6 +145,7 @@ class ImageClassifierIO:
     outputs: tuple[TensorSpec, ...]
     labels: tuple[str, ...]
     image: ImageSpec
+    scores: Scores = "logits"
 
 
 @dataclass(frozen=True)

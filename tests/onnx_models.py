@@ -192,3 +192,24 @@ def padded_encoder(path: Path, *, length: int = 16, dim: int = 8, vocab: int = 3
         ],
     )
     return _save(graph, path)
+
+
+def softmax_classifier(path: Path, *, classes: int = 3) -> Path:
+    """An image classifier that already outputs probabilities: images [N, 3, 8, 8] -> pooled
+    -> Gemm -> Softmax -> probs [N, C]."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = (np.arange(3 * classes, dtype=np.float32).reshape(3, classes) - 4.0) * 2.0
+    graph = helper.make_graph(
+        [
+            helper.make_node("GlobalAveragePool", ["image"], ["pooled"]),
+            helper.make_node("Flatten", ["pooled"], ["flat"]),
+            helper.make_node("Gemm", ["flat", "W"], ["logits"]),
+            helper.make_node("Softmax", ["logits"], ["probs"], axis=1),
+        ],
+        "softmax_classifier",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["n", 3, 8, 8])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["n", classes])],
+        initializer=[numpy_helper.from_array(weight, "W")],
+    )
+    return _save(graph, path)

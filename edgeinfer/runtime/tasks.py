@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from edgeinfer.errors import ConfigError, InputError
-from edgeinfer.package_io import ImageSpec
+from edgeinfer.package_io import ImageSpec, Scores
 from edgeinfer.runtime.pictures import pictures_to_batch
 
 __all__ = [
@@ -99,9 +99,13 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return probs
 
 
-def classification_results(logits: np.ndarray, labels: list[str]) -> list[ClassificationResult]:
-    """One ``ClassificationResult`` per row of ``logits`` [B, C] (labels: C names in order)."""
-    probs = softmax(logits.astype(np.float32))  # [B, C]
+def classification_results(
+    logits: np.ndarray, labels: list[str], *, scores: Scores = "logits"
+) -> list[ClassificationResult]:
+    """One ``ClassificationResult`` per row of ``logits`` [B, C] (labels: C names in order;
+    ``scores`` "probabilities": the rows already are, taken as they are)."""
+    raw = logits.astype(np.float32)
+    probs = raw if scores == "probabilities" else softmax(raw)  # [B, C]
     results = []
     for p in probs:
         ranked = np.argsort(-p)

@@ -216,3 +216,48 @@ def test_an_onnx_text_folder_embeds_with_its_tokenizer(tmp_path: Path) -> None:
     assert manifest["io"]["kind"] == "text-encoder" and manifest["io"]["max_seq_len"] == 64
     with edgeinfer.load(out) as model:
         assert model.embed(TEXTS[:2]).shape == (2, 32)
+
+
+@pytest.mark.slow
+def test_a_graph_of_probabilities_is_classified_with_its_own_scores(tmp_path: Path) -> None:
+    import onnxruntime
+    from onnx_models import softmax_classifier
+
+    from edgeinfer.export.data.photos import builtin_images
+    from edgeinfer.export.run import export
+    from edgeinfer.runtime.tasks import prepare_images
+
+    graph = softmax_classifier(tmp_path / "probs.onnx")
+    out = tmp_path / "pkg"
+    export(ExportOptions(source=str(graph), out=out, quantize="none", held_count=8))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["io"]["scores"] == "probabilities"
+    views = builtin_images("gate", 4, size=preprocessing.spec_from_table({}, height=8, width=8))
+    with edgeinfer.load(out) as model:
+        results = model.classify(views)
+        pixels = prepare_images(views, image=model.manifest.io.image)  # type: ignore[union-attr]
+    (probs,) = onnxruntime.InferenceSession(str(graph)).run(None, {"image": pixels})
+    got = np.array([[r.scores[label] for label in ("LABEL_0", "LABEL_1", "LABEL_2")]
+                    for r in results])  # fmt: skip
+    np.testing.assert_allclose(got, probs, rtol=1e-5, atol=1e-6)  # never softmaxed again
+
+
+@pytest.mark.slow
+def test_an_already_quantized_graph_ships_as_given(tmp_path: Path) -> None:
+    from onnx_models import ocr_like
+    from onnxruntime.quantization import quantize_dynamic
+
+    from edgeinfer.export.run import export
+
+    int8 = tmp_path / "rec-int8.onnx"
+    quantize_dynamic(str(ocr_like(tmp_path / "rec.onnx")), str(int8))
+    lines = tmp_path / "lines"
+    lines.mkdir()
+    for width in (5, 9, 13):
+        np.savez(lines / f"{width}.npz", image=np.ones((1, 1, 8, width), np.float32))
+    report = export(ExportOptions(source=str(int8), out=tmp_path / "pkg", task="raw",
+                                  quantize="int8", eval_data=lines))  # fmt: skip
+    assert report.chosen == "as-given" and set(report.variants) == {"as-given"}
+    assert any("already quantized" in w for w in report.warnings)
+    manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
+    assert manifest["precision"] == "int8" and manifest["quantization"]["mode"] == "as-given"

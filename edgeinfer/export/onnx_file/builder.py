@@ -21,7 +21,8 @@ from edgeinfer.export.builder import GraphBuilder
 from edgeinfer.export.context import Candidate
 from edgeinfer.export.gates.verdict import Verdict
 from edgeinfer.export.onnx_file import user_graph
-from edgeinfer.export.onnx_file.forms import Form, ImageForm, RawForm, TextForm
+from edgeinfer.export.onnx_file.forms import Form, ImageForm, TextForm
+from edgeinfer.export.onnx_file.raw import RawForm
 from edgeinfer.export.options import OnnxFileOptions
 from edgeinfer.export.passes import ort_compat, quantize
 from edgeinfer.export.passes.validate import Accuracy, load_candidate
@@ -82,8 +83,15 @@ class OnnxFileBuilder(GraphBuilder):
             user_graph.optimize(original, fp32_graph)
             if run.quant.fixed_batch is not None and isinstance(self.form, ImageForm):
                 ort_compat.fix_batch(fp32_graph, fp32_graph, batch=run.quant.fixed_batch)
-            quantized = run.quant.mode != "none"
-            fp32 = run.add(self.candidate("fp32", fp32_graph, "fp32", requested=not quantized))
+            given = self._given_integers(original)
+            quantized = run.quant.mode != "none" and not given
+            base = (
+                self.candidate("as-given", fp32_graph, "int8", requested=True,
+                               quantization={"mode": "as-given", "integer_nodes": given})
+                if given
+                else self.candidate("fp32", fp32_graph, "fp32", requested=not quantized)
+            )  # fmt: skip
+            fp32 = run.add(base)
             accuracy = self._measure(fp32)
             if not accuracy.is_parity():
                 raise ParityError(
@@ -102,6 +110,18 @@ class OnnxFileBuilder(GraphBuilder):
                         f"{original.name} has no operator the {run.quant.mode} quantizer takes "
                         "(MatMul, Gemm, Conv, LSTM, ...): shipped fp32"
                     )
+
+    def _given_integers(self, original: Path) -> int:
+        """How many nodes of the user's graph already run in integers (0: a float graph); a
+        quantized graph ships as given, never quantized again."""
+        count = _quantized_ops(original)
+        if count:
+            self.run.report.warnings.append(
+                f"{original.name} is already quantized ({count} integer or QDQ nodes): shipped "
+                f"as given (precision int8), not quantized again"
+                + (f" by --quantize {self.run.quant.mode}" if self.run.quant.mode != "none" else "")
+            )
+        return count
 
     def _form(self, inputs: Any, outputs: Any) -> Form:
         task, name = self.run.task, self.run.source.onnx_file
@@ -179,7 +199,7 @@ class OnnxFileBuilder(GraphBuilder):
             "reference": "onnx-fp32",
             "eval_data": self.form.eval_name,
             "max_accuracy_loss": self.run.max_accuracy_loss,
-            "fp32": variants["fp32"]["accuracy"],
+            "fp32": variants.get("fp32", {}).get("accuracy"),  # None: the graph was quantized
             "value": variants[chosen.name]["accuracy"],
         }
 

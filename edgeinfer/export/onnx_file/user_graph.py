@@ -17,7 +17,15 @@ from edgeinfer.errors import ConfigError
 from edgeinfer.export.passes import ort_compat
 from edgeinfer.package_io import TensorSpec
 
-__all__ = ["InputForm", "check", "input_form", "metadata", "optimize", "state_pairs"]
+__all__ = [
+    "InputForm",
+    "check",
+    "ends_in_softmax",
+    "input_form",
+    "metadata",
+    "optimize",
+    "state_pairs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +66,23 @@ def metadata(graph: Path) -> dict[str, str]:
 
     model = onnx.load(str(graph), load_external_data=False)
     return {p.key: p.value for p in model.metadata_props}
+
+
+# Nodes that pass their input's values through unchanged (a softmax before them still holds).
+_PASS_THROUGH = ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast")
+
+
+def ends_in_softmax(graph: Path) -> bool:
+    """Whether the graph's first output is a ``Softmax`` (through reshapes): probabilities,
+    which a classifier reports as they are."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    producers = {out: node for node in model.graph.node for out in node.output}
+    node = producers.get(model.graph.output[0].name)
+    while node is not None and node.op_type in _PASS_THROUGH:
+        node = producers.get(node.input[0])
+    return node is not None and node.op_type == "Softmax"
 
 
 def input_form(inputs: Sequence[TensorSpec], state: Sequence[str] = ()) -> InputForm:
