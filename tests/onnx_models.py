@@ -73,14 +73,16 @@ def tiny_cnn(path: Path, *, classes: int = 3, size: int = 32, seed: int = 0) -> 
     return path
 
 
-def _save(graph: object, path: Path) -> Path:
+def _save(graph: object, path: Path, *, opset: int = 17, external: bool = False) -> Path:
+    """Save ``graph`` at ``opset``; ``external``: every weight in ``<name>.data`` beside it."""
     import onnx
     from onnx import helper
 
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8 if opset >= 15 else 7
     onnx.checker.check_model(model)
-    onnx.save(model, path)
+    onnx.save(model, path, save_as_external_data=external, location=f"{path.name}.data",
+              size_threshold=64)  # fmt: skip
     return path
 
 
@@ -124,19 +126,25 @@ def yolo_like(path: Path, *, classes: int = 3) -> Path:
     return _save(graph, path)
 
 
-def ocr_like(path: Path, *, classes: int = 10) -> Path:
+def ocr_like(path: Path, *, classes: int = 10, opset: int = 17, external: bool = False) -> Path:
     """A CTC text recognizer: a line image [1, 1, 8, W] of any width -> per-column class logits
     [1, W, C] (class 0 the blank). Column k of the one-hot image is class k with a margin of 6;
     the last class's logits are -50 x the column sum, so a per-tensor int8 scale made for them
-    moves every other logit by a large share of its own size while no argmax changes."""
+    moves every other logit by a large share of its own size while no argmax changes. ``opset``
+    below 13 writes Squeeze's axes as an attribute (as Paddle's opset 11 exports do)."""
     from onnx import TensorProto, helper, numpy_helper
 
     weight = np.zeros((8, classes), np.float32)
     weight[:, :8] = np.eye(8, dtype=np.float32) * 6.0
     weight[:, -1] = -50.0
+    squeeze = (
+        helper.make_node("Squeeze", ["image", "channel"], ["rows"])
+        if opset >= 13
+        else helper.make_node("Squeeze", ["image"], ["rows"], axes=[1])
+    )  # [1, 8, W]
     graph = helper.make_graph(
         [
-            helper.make_node("Squeeze", ["image", "channel"], ["rows"]),  # [1, 8, W]
+            squeeze,
             helper.make_node("Transpose", ["rows"], ["columns"], perm=[0, 2, 1]),  # [1, W, 8]
             helper.make_node("MatMul", ["columns", "W"], ["logits"]),
         ],
@@ -145,10 +153,10 @@ def ocr_like(path: Path, *, classes: int = 10) -> Path:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "width", classes])],
         initializer=[
             numpy_helper.from_array(weight, "W"),
-            numpy_helper.from_array(np.array([1], np.int64), "channel"),
+            *([numpy_helper.from_array(np.array([1], np.int64), "channel")] if opset >= 13 else []),
         ],
     )
-    return _save(graph, path)
+    return _save(graph, path, opset=opset, external=external)
 
 
 def ocr_lines(folder: Path, *, widths: tuple[int, ...], seed: int = 0) -> Path:

@@ -89,6 +89,10 @@ class GraphBuilder(Builder):
     def graph_io(self, graph: Path) -> PackageIO:
         """The package io of a candidate whose graph is ``graph``."""
 
+    def graph_files(self, name: str, graph: Path) -> dict[str, Path]:
+        """The package files of candidate ``name``'s graph (package name -> built file)."""
+        return {package.GRAPH_NAME: graph}
+
     def candidate(
         self,
         name: str,
@@ -102,7 +106,7 @@ class GraphBuilder(Builder):
         return Candidate(
             name=name,
             precision=precision,
-            files={package.GRAPH_NAME: graph, **self.side_files},
+            files={**self.graph_files(name, graph), **self.side_files},
             io=self.graph_io(graph),
             quantization=quantization or {"mode": "none"},
             tokens=dict(self.tokens),

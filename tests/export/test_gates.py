@@ -222,3 +222,25 @@ def test_a_padded_encoder_is_judged_by_masked_cosine(tmp_path: Path) -> None:
     judged = report.variants[report.chosen or ""]["accuracy"]["outputs"]["last_hidden_state"]
     assert judged["metric"] == "masked_cosine" and judged["mask"] == "attention_mask"
     assert judged["passed"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("given", ["opset-11", "external-data"])
+def test_an_old_opset_or_external_weights_export_to_static_int8(given: str, tmp_path: Path) -> None:
+    """An opset 11 graph is upgraded before QDQ (said in the report); a graph whose weights
+    lie beside it reaches every candidate with them."""
+    from edgeinfer.export.run import export
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    graph = ocr_like(folder / "rec.onnx", opset=11 if given == "opset-11" else 17,
+                     external=given == "external-data")  # fmt: skip
+    lines = ocr_lines(tmp_path / "lines", widths=(5, 8, 11, 14, 17, 20, 23, 26), seed=5)
+    report = export(ExportOptions(source=str(graph), out=tmp_path / "pkg", task="raw",
+                                  quantize="int8-static", calibration=lines,
+                                  force_quantize=True))  # fmt: skip
+    assert report.chosen == "int8"
+    upgraded = [w for w in report.warnings if "opset 11 upgraded to 13" in w]
+    assert bool(upgraded) == (given == "opset-11")
+    quantization = json.loads((tmp_path / "pkg" / "manifest.json").read_text())["quantization"]
+    assert quantization.get("upgraded_from_opset") == (11 if given == "opset-11" else None)

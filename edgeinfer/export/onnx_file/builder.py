@@ -11,6 +11,7 @@ the package kind (``forms.py``): images, token ids or any tensors (``raw``).
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -156,11 +157,37 @@ class OnnxFileBuilder(GraphBuilder):
             quantize.quantize_dynamic_any(fp32_graph, graph, quant)
             info.update(mode="int8-dynamic", per_channel=quant.per_channel)
         else:
+            upgraded = run.work / "fp32-qdq-opset.onnx"
+            old = user_graph.upgrade_opset(fp32_graph, upgraded)
+            if old is not None:
+                fp32_graph = upgraded
+                info["upgraded_from_opset"] = old
+                run.report.warnings.append(
+                    f"opset {old} upgraded to {user_graph.QDQ_MIN_OPSET} before static int8 "
+                    "(QDQ needs it); the fp32 variant keeps the original opset"
+                )
             feeds = self.form.calibration_feeds(fp32_graph, run.stage_candidate(fp32))
             quant = run.calibrated(len(feeds))
             kept = quantize.quantize_static_cnn(fp32_graph, graph, quant, feeds=feeds)
             info.update(quantize.static_info(quant, kept))
         return self.candidate(name, graph, name, requested=True, quantization=info)
+
+    def graph_files(self, name: str, graph: Path) -> dict[str, Path]:
+        """The graph and its external data files (a user's graph may keep its weights beside
+        it), those as copies: staging hard-links a candidate's files, and onnx refuses to load
+        external data with more than one link."""
+        files = super().graph_files(name, graph)
+        for location in package.external_data_files(graph):
+            if Path(location).name != location:
+                raise ConfigError(
+                    f"{graph.name} keeps weights in {location}, not beside it: save it with "
+                    "its external data in the graph's own folder"
+                )
+            copy = self.run.work / "external" / name / location
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(graph.parent / location, copy)
+            files[location] = copy
+        return files
 
     def graph_io(self, graph: Path) -> PackageIO:
         return self.form.io(graph)
