@@ -261,3 +261,43 @@ def test_an_already_quantized_graph_ships_as_given(tmp_path: Path) -> None:
     assert any("already quantized" in w for w in report.warnings)
     manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
     assert manifest["precision"] == "int8" and manifest["quantization"]["mode"] == "as-given"
+
+
+@pytest.mark.slow
+def test_raw_smoke_cases_are_bounded_and_stored_beside_the_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a budget smaller than one input, inputs are regenerated from a seed and outputs
+    kept as a strided sample: the arrays stay within the budget, the manifest small, and the
+    check still runs them (and still catches a different graph)."""
+    from onnx_models import yolo_like
+
+    from edgeinfer.errors import PackageError
+    from edgeinfer.export.run import export
+    from edgeinfer.manifest import MAX_MANIFEST_BYTES
+    from edgeinfer.runtime import smoke
+
+    budget = 512  # bytes: less than one image [1, 3, 8, 8] float32 (768)
+    monkeypatch.setattr(smoke, "MAX_ARRAY_BYTES", budget)
+    monkeypatch.setattr(smoke, "MAX_OUTPUT_VALUES", 32)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "held.npz", images=rng.normal(size=(4, 1, 3, 8, 8)).astype(np.float32))
+    out = tmp_path / "pkg"
+    export(ExportOptions(source=str(yolo_like(tmp_path / "det.onnx")), out=out, task="raw",
+                         quantize="none", eval_data=tmp_path / "held.npz"))  # fmt: skip
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["smoke"]["arrays"] == "smoke.npz" and "smoke.npz" in manifest["files"]
+    assert (out / "manifest.json").stat().st_size < MAX_MANIFEST_BYTES
+    with np.load(out / "smoke.npz") as stored:
+        assert sum(stored[k].nbytes for k in stored.files) <= budget
+        assert not any("/feed/" in k for k in stored.files)  # the input was regenerated
+    case = manifest["smoke"]["cases"][0]
+    assert case["generated"]["images"]["shape"] == [1, 3, 8, 8] and case["stride"]["output0"] > 1
+    with edgeinfer.load(out) as model:
+        smoke.check(model)
+    other = tmp_path / "other"
+    export(ExportOptions(source=str(yolo_like(tmp_path / "det2.onnx", classes=4)), out=other,
+                         task="raw", quantize="none", eval_data=tmp_path / "held.npz"))  # fmt: skip
+    (other / "smoke.npz").write_bytes((out / "smoke.npz").read_bytes())
+    with edgeinfer.load(other, verify=False) as model, pytest.raises(PackageError):
+        smoke.check(model)
