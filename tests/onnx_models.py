@@ -86,18 +86,23 @@ def _save(graph: object, path: Path, *, opset: int = 17, external: bool = False)
     return path
 
 
-def yolo_like(path: Path, *, classes: int = 3) -> Path:
-    """A YOLOv8-layout detector: images [1, 3, 8, 8] -> output0 [1, 4+C, 64], one anchor per
-    pixel. One MatMul makes box coordinates in pixels (hundreds) and class logits (units) in
-    the same tensor, so a per-tensor int8 scale fit to the boxes rounds the logits away while
-    the whole output's relative L2 stays small (what quantized YOLO exports do)."""
+def yolo_like(
+    path: Path, *, classes: int = 3, size: int = 8, boxes: tuple[float, ...] = (100, 1000, 10, 60)
+) -> Path:
+    """A YOLOv8-layout detector: images [1, 3, size, size] -> output0 [1, 4+C, size^2], one
+    anchor per pixel: cx, cy = boxes[0] x R, G + boxes[1], w = h = boxes[2] x B + boxes[3], class
+    k's logit 4 x channel k - 2. One MatMul makes box coordinates in pixels (hundreds, by
+    default) and class logits (units) in the same tensor, so a per-tensor int8 scale fit to
+    the boxes rounds the logits away while the whole output's relative L2 stays small (what
+    quantized YOLO exports do)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    attributes = 4 + classes
+    attributes, anchors = 4 + classes, size * size
+    spread, centre, grow, least = boxes
     weight = np.zeros((3, attributes), np.float32)
-    weight[0, 0], weight[1, 1], weight[2, 2], weight[2, 3] = 100.0, 100.0, 10.0, 10.0
+    weight[0, 0], weight[1, 1], weight[2, 2], weight[2, 3] = spread, spread, grow, grow
     weight[:, 4:] = np.eye(3, classes, dtype=np.float32) * 4.0
-    bias = np.array([1000, 1000, 60, 60] + [-2.0] * classes, np.float32)
+    bias = np.array([centre, centre, least, least] + [-2.0] * classes, np.float32)
     starts = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
               [("s0", [0]), ("s4", [4]), ("s_end", [attributes]), ("axis", [2])]]  # fmt: skip
     nodes = [
@@ -114,12 +119,12 @@ def yolo_like(path: Path, *, classes: int = 3) -> Path:
     graph = helper.make_graph(
         nodes,
         "yolo_like",
-        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, attributes, 64])],
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, attributes, anchors])],
         initializer=[
             numpy_helper.from_array(weight, "W"),
             numpy_helper.from_array(bias, "B"),
-            numpy_helper.from_array(np.array([1, 3, 64], np.int64), "flat"),
+            numpy_helper.from_array(np.array([1, 3, anchors], np.int64), "flat"),
             *starts,
         ],
     )

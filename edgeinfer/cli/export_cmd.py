@@ -24,6 +24,7 @@ class TaskChoice(str, Enum):
     classify = "classify"
     generate = "generate"
     raw = "raw"
+    detect = "detect"
 
 
 class QuantChoice(str, Enum):

@@ -20,7 +20,7 @@ __all__ = [
     "ShrinkOptions",
 ]
 
-TASKS = ("auto", "embed", "classify", "generate", "raw")
+TASKS = ("auto", "embed", "classify", "generate", "raw", "detect")
 
 
 @dataclass(frozen=True)

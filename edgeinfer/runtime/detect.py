@@ -1,4 +1,6 @@
-"""Detections from a YOLO-style graph output, on the device: decode, then class-aware NMS.
+"""``image-detector`` packages, and detections from a YOLO-style graph output on the device:
+picture -> letterbox (or stretch) -> graph -> decode -> class-aware NMS -> boxes in the
+picture's own pixels.
 
 Two layouts are common in single-graph detectors (ultralytics exports):
 
@@ -13,14 +15,31 @@ Boxes come out as ``[K, 4]`` x1, y1, x2, y2 in the graph's input pixels, with th
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
-from edgeinfer.errors import InputError
+from edgeinfer import providers as eps
+from edgeinfer.errors import ConfigError, InputError
+from edgeinfer.manifest import Manifest
+from edgeinfer.package_io import ImageDetectorIO, ImageSpec
+from edgeinfer.runtime import pictures
+from edgeinfer.runtime.backends import Backend, BackendOptions
+from edgeinfer.runtime.session import GraphSession
+from edgeinfer.runtime.tasks import Detection, prepare_images
 
-__all__ = ["DecodeConfig", "Decoded", "Layout", "decode", "iou", "layout_of"]
+__all__ = [
+    "DecodeConfig",
+    "Decoded",
+    "DetectBackend",
+    "Layout",
+    "decode",
+    "iou",
+    "layout_of",
+]
 
 Layout = Literal["attributes-first", "anchors-first"]
 
@@ -107,3 +126,61 @@ def _nms(
         suppressed[rank + 1 :] |= same & overlap
     chosen = np.array(kept, np.int64)
     return Decoded(boxes=boxes[chosen], scores=scores[chosen], labels=labels[chosen])
+
+
+class DetectBackend(Backend):
+    """An ``image-detector`` package: ``detect(images)`` -> detections per image."""
+
+    def __init__(self, path: Path, manifest: Manifest, options: BackendOptions) -> None:
+        super().__init__(path, manifest, options)
+        if options.cache or options.batching or options.prefix_cache:
+            raise ConfigError(f"{path.name} is a detector; load it without caches or batching")
+        self.io = manifest.io_as(ImageDetectorIO)
+        config = options.config
+        requested = eps.resolve(config.providers or tuple(manifest.providers))
+        self.session = GraphSession(path / self.io.graph, providers=requested, config=config)
+        self.providers = self.session.providers
+        self.config = DecodeConfig(
+            score_threshold=self.io.score_threshold,
+            iou_threshold=self.io.iou_threshold,
+            max_detections=self.io.max_detections,
+        )
+
+    def detect(self, images: Any, *, score_threshold: float | None = None) -> list[list[Detection]]:
+        """Each image's detections, best first, boxes in its own pixels."""
+        batch = isinstance(images, np.ndarray) and images.ndim == 4  # uint8 [N, H, W, 3]
+        items = list(images) if batch or isinstance(images, (list, tuple)) else [images]
+        if not items:
+            raise InputError("expected at least one image")
+        config = self.config
+        if score_threshold is not None:
+            config = DecodeConfig(score_threshold, config.iou_threshold, config.max_detections)
+        return [self._one(item, index, config) for index, item in enumerate(items)]
+
+    def _one(self, item: Any, index: int, config: DecodeConfig) -> list[Detection]:
+        picture = pictures.as_pil(item, index).convert("RGB")
+        pixels = prepare_images(pictures.fit(picture, self.io.image)[None], image=self.io.image)
+        started = time.perf_counter()
+        output = self.session.run({self.io.inputs[0].name: pixels})[0]  # [1, A, N] / [1, N, A]
+        elapsed_ms = (time.perf_counter() - started) * 1e3
+        self.metrics.observe("detect", "compute", elapsed_ms)
+        found = decode(output, config, self.io.layout)
+        boxes = _to_picture(found.boxes, picture.size, self.io.image)  # [K, 4]
+        labels = self.io.labels
+        return [
+            Detection(box=(b[0], b[1], b[2], b[3]), label=labels[int(k)], score=float(s))
+            for b, k, s in zip(boxes.tolist(), found.labels, found.scores, strict=True)
+        ]
+
+
+def _to_picture(boxes: np.ndarray, size: tuple[int, int], image: ImageSpec) -> np.ndarray:
+    """Boxes [K, 4] in the graph's input pixels -> the picture's (``size``: width, height),
+    clipped to it."""
+    w, h = size
+    if image.resize == "letterbox":
+        scale, left, top = pictures.letterbox(w, h, image)
+        shifted = boxes - np.array([left, top, left, top], np.float32)
+        out = shifted / scale
+    else:  # stretch
+        out = boxes * np.array([w / image.width, h / image.height] * 2, np.float32)
+    return np.clip(out, 0, np.array([w, h, w, h], np.float32))

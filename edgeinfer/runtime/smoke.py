@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgeinfer.errors import PackageError
-from edgeinfer.package_io import DecoderIO, ImageClassifierIO, RawIO
+from edgeinfer.package_io import DecoderIO, ImageClassifierIO, ImageDetectorIO, RawIO
 
 if TYPE_CHECKING:
     from edgeinfer.runtime.model import Model
@@ -68,6 +68,8 @@ def record(model: Model, inputs: Sequence[Any]) -> tuple[dict[str, Any], dict[st
         cases = _greedy_cases(model, [str(p) for p in inputs])
     elif isinstance(io, RawIO):
         cases = _raw_cases(model, inputs, arrays)
+    elif isinstance(io, ImageDetectorIO):
+        cases = _detection_cases(model, inputs)
     elif model.task == "embed":
         vectors = model.embed([str(t) for t in inputs[:_CASES]])
         cases = [
@@ -187,6 +189,8 @@ def _check_case(
         return None if cosine >= limit else f"embedding cosine {cosine:.4f} < {limit}"
     if "tokens" in case:
         return _check_tokens(model, case)
+    if "detection" in case:
+        return _check_detection(model, case)
     if "feeds" in case:
         relative = float(tolerance.get("raw_relative", RAW_RELATIVE))
         return _check_outputs(model, case, relative, arrays)
@@ -222,6 +226,38 @@ def _check_outputs(
         if error > allowed:
             return f"output {name} moved by {error:.4g} (L2), more than {allowed:.4g}"
     return None
+
+
+def _detection_cases(model: Model, inputs: Sequence[Any]) -> list[dict[str, Any]]:
+    """Pictures with their best detection (None: nothing found)."""
+    cases = []
+    for item in inputs[:_CASES]:
+        case = _encode(model, item)
+        found = model.detect(_input(model, case)[0])[0]
+        best = found[0] if found else None
+        cases.append(
+            {**case, "detection": None if best is None else {
+                "box": [round(v, 2) for v in best.box], "label": best.label,
+                "score": round(best.score, 6)}}
+        )  # fmt: skip
+    return cases
+
+
+def _check_detection(model: Model, case: dict[str, Any]) -> str | None:
+    """A decided best detection (``DECIDED`` above the threshold) is found again: same
+    label, IoU >= 0.5; any other case only has to run."""
+    from edgeinfer.runtime.detect import iou
+
+    found = model.detect(_input(model, case)[0])[0]
+    best = case["detection"]
+    threshold = model.manifest.io_as(ImageDetectorIO).score_threshold
+    if best is None or float(best["score"]) < threshold + DECIDED:
+        return None
+    want = np.asarray(best["box"], np.float32)
+    boxes = np.array([d.box for d in found if d.label == best["label"]], np.float32)
+    if len(boxes) and float(iou(want, boxes.reshape(-1, 4)).max()) >= 0.5:
+        return None
+    return f"its best detection ({best['label']} at {best['box']}) is not found again"
 
 
 def _label_cases(model: Model, inputs: Sequence[Any]) -> list[dict[str, Any]]:
@@ -270,7 +306,7 @@ def _input(model: Model, case: dict[str, Any]) -> Any:
     if case["dtype"] == "unit-float":  # float intensities, stored at full size
         return (raw.astype(np.float32) / 255.0)[None]
     io = model.manifest.io
-    if not isinstance(io, ImageClassifierIO):
+    if not isinstance(io, (ImageClassifierIO, ImageDetectorIO)):
         raise PackageError(f"{model.path.name}: an image smoke case for a non-image package")
     height, width = io.image.height, io.image.width
     big = np.repeat(np.repeat(raw, THUMBNAIL, axis=0), THUMBNAIL, axis=1)[:height, :width]

@@ -18,6 +18,7 @@ __all__ = [
     "ClassificationCodec",
     "ClassificationResult",
     "Codec",
+    "Detection",
     "EmbeddingCodec",
     "EmbeddingResult",
     "classification_results",
@@ -29,6 +30,16 @@ __all__ = [
 ]
 
 V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class Detection:
+    """One detected object: ``box`` x1, y1, x2, y2 in the image's own pixels, its ``label``
+    and ``score`` (the class score, times objectness for YOLOv5 layouts)."""
+
+    box: tuple[float, float, float, float]
+    label: str
+    score: float
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import numpy as np
 from edgeinfer.export.gates.verdict import OutputScore, Sample
 from edgeinfer.runtime.detect import DecodeConfig, Decoded, decode, iou
 
-__all__ = ["detections", "looks_like_detections"]
+__all__ = ["detections", "looks_like_detections", "match_f1"]
 
 # The usual match of detection benchmarks (PASCAL VOC, COCO's AP50).
 MATCH_IOU = 0.5
@@ -51,9 +51,20 @@ def detections(
     output: str, reason: str, samples: Sequence[Sample], *, config: DecodeConfig
 ) -> OutputScore:
     """F1 of the candidate's detections against fp32's over every held image."""
+    pairs = [(decode(s.want, config), decode(s.got, config)) for s in samples]
+    return match_f1(output, reason, pairs, score_threshold=config.score_threshold)
+
+
+def match_f1(
+    output: str,
+    reason: str,
+    pairs: Sequence[tuple[Decoded, Decoded]],
+    *,
+    score_threshold: float,
+) -> OutputScore:
+    """F1 of decoded detections (fp32's, the candidate's) per held image."""
     found = wanted = matched = 0
-    for sample in samples:
-        want, got = decode(sample.want, config), decode(sample.got, config)
+    for want, got in pairs:
         found += len(got.labels)
         wanted += len(want.labels)
         matched += _matched(want, got)
@@ -65,7 +76,7 @@ def detections(
         metric="detection_f1",
         reason=reason,
         value=f1,
-        count=len(samples),
+        count=len(pairs),
         parity=matched == found == wanted,
         details={
             "precision": round(precision, 6),
@@ -73,6 +84,6 @@ def detections(
             "fp32_detections": wanted,
             "detections": found,
             "matched": matched,
-            "score_threshold": config.score_threshold,
+            "score_threshold": score_threshold,
         },
     )

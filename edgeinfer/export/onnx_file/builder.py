@@ -22,6 +22,7 @@ from edgeinfer.export.builder import GraphBuilder
 from edgeinfer.export.context import Candidate
 from edgeinfer.export.gates.verdict import Verdict
 from edgeinfer.export.onnx_file import user_graph
+from edgeinfer.export.onnx_file.detect import DetectForm
 from edgeinfer.export.onnx_file.forms import Form, ImageForm, TextForm
 from edgeinfer.export.onnx_file.raw import RawForm
 from edgeinfer.export.options import OnnxFileOptions
@@ -61,10 +62,10 @@ def _quantized_ops(graph: Path) -> int:
 
 
 class OnnxFileBuilder(GraphBuilder):
-    """Any ONNX graph into an image-classifier, text or raw package."""
+    """Any ONNX graph into an image-classifier, image-detector, text or raw package."""
 
     name = "onnx-file"
-    tasks = ("classify", "embed", "raw")
+    tasks = ("classify", "embed", "raw", "detect")
     cpu_only = False
     options_type = OnnxFileOptions
 
@@ -129,6 +130,8 @@ class OnnxFileBuilder(GraphBuilder):
         form = user_graph.input_form(inputs)
         if task == "raw":
             return RawForm(self.run, inputs, outputs)
+        if task == "detect":
+            return DetectForm(self.run, inputs, outputs)
         if form == "text":
             return TextForm(self.run, inputs, outputs)
         if form == "image" and task == "classify":

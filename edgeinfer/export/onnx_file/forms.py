@@ -74,6 +74,25 @@ class Form(abc.ABC):
             return read_labels(source.path / "labels.txt", count=count)
         return default_labels(source.config, count)
 
+    def _photos(self, spec: ImageSpec, *, rotate: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(held, calibration) photos at ``spec``: --eval-data, else a held part of the
+        user's --calibration, else the built-in held views; never the same samples."""
+        opts = self.run.options
+        user = self._user_calibration()
+        own = read_images(user, size=spec) if user else None
+        if opts.eval_data:
+            held = read_images(opts.eval_data, size=spec)
+        elif own is not None:
+            own, held = split_images(own)
+            self.eval_name = f"{user} (held part)"
+        else:
+            held = builtin_images("gate", opts.held_count, size=spec, rotate=rotate)
+            self.eval_name = "builtin:photo-views" + ("-rotated" if rotate else "")
+        count = self.run.quant.calibration_size
+        if own is None:
+            own = builtin_images("calibration", count, size=spec, rotate=rotate)
+        return held, own
+
     @abc.abstractmethod
     def load(self) -> None:
         """Read the held (and calibration) data."""
@@ -120,25 +139,10 @@ class ImageForm(Form):
     """One float [N, 3, H, W] input, class logits out: an ``image-classifier`` package."""
 
     def load(self) -> None:
-        run, opts = self.run, self.run.options
+        run = self.run
         self.spec = self._spec()
         rotate = bool(run.source.recipe and run.source.recipe.data.get("views") == "rotated")
-        user = self._user_calibration()
-        own = read_images(user, size=self.spec) if user else None
-        if opts.eval_data:
-            self.held = read_images(opts.eval_data, size=self.spec)
-        elif own is not None:
-            own, self.held = split_images(own)
-            self.eval_name = f"{user} (held part)"
-        else:
-            self.held = builtin_images("gate", opts.held_count, size=self.spec, rotate=rotate)
-            self.eval_name = "builtin:photo-views" + ("-rotated" if rotate else "")
-        count = run.quant.calibration_size
-        self.calibration = (
-            own
-            if own is not None
-            else builtin_images("calibration", count, size=self.spec, rotate=rotate)
-        )
+        self.held, self.calibration = self._photos(self.spec, rotate=rotate)
         self.labels = self._labels(_classes(self.outputs) or 0)
 
     def _spec(self) -> ImageSpec:
