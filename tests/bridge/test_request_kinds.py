@@ -156,8 +156,8 @@ def test_a_frame_to_a_detector_is_answered_with_its_detections(
     photo = np.random.default_rng(1).integers(0, 256, size=(48, 80, 3), dtype=np.uint8)
     buffer = io.BytesIO()
     Image.fromarray(photo).save(buffer, format="PNG")
-    sent = peer.send("porch", "det", {"id": "f1", "image": {"format": "png",
-                                                            "data": buffer.getvalue()}})  # fmt: skip
+    frame = {"format": "png", "data": buffer.getvalue()}
+    sent = peer.send("porch", "det", {"id": "f1", "image": frame})
     reply = peer.final(sent)
     assert reply["ok"], reply
     (want,) = model.detect(photo)
