@@ -131,7 +131,7 @@ def yolo_like(
     return _save(graph, path)
 
 
-def ocr_like(path: Path, *, classes: int = 10, opset: int = 17, external: bool = False) -> Path:
+def ocr_like(path: Path, *, classes: int = 40, opset: int = 17, external: bool = False) -> Path:
     """A CTC text recognizer: a line image [1, 1, 8, W] of any width -> per-column class logits
     [1, W, C] (class 0 the blank). Column k of the one-hot image is class k with a margin of 6;
     the last class's logits are -50 x the column sum, so a per-tensor int8 scale made for them
