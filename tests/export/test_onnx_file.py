@@ -182,6 +182,13 @@ def test_refusals_are_clear_exit_2_and_leave_nothing(
     assert "pass --eval-data" in _refused([str(graph), "--task", "raw"], out, capsys)
     message = _refused([str(graph), "--task", "classify"], out, capsys)
     assert "export it with --task raw" in message
+    message = _refused([str(graph), "--task", "raw", "--metric", "out=l2"], out, capsys)
+    assert "must be OUTPUT=METRIC with METRIC one of detections" in message
+    data = tmp_path / "calls.npz"
+    np.savez(data, x=np.ones((4, 1, 4), np.float32))
+    message = _refused([str(graph), "--task", "raw", "--eval-data", str(data), "--metric",
+                        "nope=tensor"], out, capsys)  # fmt: skip
+    assert "--metric names ['nope']; the graph's outputs are" in message
     cnn = tiny_cnn(tmp_path / "cnn.onnx")
     (tmp_path / "two.txt").write_text("a\nb\n")
     message = _refused([str(cnn), "--labels", str(tmp_path / "two.txt")], out, capsys)
