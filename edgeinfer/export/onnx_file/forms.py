@@ -125,9 +125,11 @@ class Form(abc.ABC):
         """A few held inputs for the package's smoke check."""
 
 
-def _scores(graph: Path) -> Scores:
-    """ "probabilities" for a graph that ends in a softmax (never softmaxed again)."""
-    return "probabilities" if ends_in_softmax(graph) else "logits"
+def _scores(run: ExportContext) -> Scores:
+    """ "probabilities" for a user's graph that ends in a softmax (never softmaxed again);
+    read on the original, which every candidate computes (a quantized one ends in Q/DQ)."""
+    original = run.source.path / str(run.source.onnx_file)
+    return "probabilities" if ends_in_softmax(original) else "logits"
 
 
 def _classes(outputs: tuple[TensorSpec, ...]) -> int | None:
@@ -173,7 +175,7 @@ class ImageForm(Form):
             outputs=outputs,
             labels=self.labels,
             image=self.spec,
-            scores=_scores(graph),
+            scores=_scores(self.run),
         )
 
     def evaluate(self, model: Model) -> np.ndarray:
@@ -234,7 +236,7 @@ class TextForm(Form):
                 outputs=outputs,
                 max_seq_len=max_seq_len,
                 labels=self.labels,
-                scores=_scores(graph),
+                scores=_scores(self.run),
             )
         rank, dim = len(outputs[0].shape), outputs[0].shape[-1]
         if rank not in (2, 3) or not isinstance(dim, int):
