@@ -41,6 +41,7 @@ from edgeinfer.manifest import Manifest
 from edgeinfer.runtime import (
     ClassificationResult,
     ClassifyModel,
+    DetectModel,
     EmbeddingResult,
     EmbedModel,
     ExitPolicy,
@@ -69,6 +70,7 @@ __all__ = [
     "ContextLengthExceededError",
     "ConversionError",
     "DeployRefusedError",
+    "DetectModel",
     "EdgeInferError",
     "EmbedModel",
     "EmbeddingResult",

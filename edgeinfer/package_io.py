@@ -11,6 +11,7 @@ Kinds::
     text-classifier   one graph + tokenizer -> labels with probabilities
     exit-segments     one graph per block of layers with exit heads (texts or images)
     image-classifier  one graph, pixels in -> labels with probabilities
+    image-detector    one YOLO-style graph, pixels in -> boxes, labels, scores (NMS on device)
     decoder           one decoder graph with past/present KV + tokenizer -> generated text
     raw               any graph: named tensors in and out, state carried per stream
 """
@@ -30,9 +31,11 @@ __all__ = [
     "DecoderIO",
     "ExitSegmentsIO",
     "ImageClassifierIO",
+    "ImageDetectorIO",
     "ImageSpec",
     "PackageIO",
     "RawIO",
+    "Scores",
     "StateSpec",
     "TensorSpec",
     "TextClassifierIO",
@@ -40,6 +43,10 @@ __all__ = [
     "io_from_dict",
     "io_to_dict",
 ]
+
+# What a classifier graph's first output holds: "logits" (softmaxed on the device) or
+# "probabilities" (the graph ends in a softmax: reported as they are, never softmaxed again).
+Scores = Literal["logits", "probabilities"]
 
 
 @dataclass(frozen=True)
@@ -57,8 +64,9 @@ class ImageSpec:
 
     First its size: ``resize`` "crop" cuts the largest center region of the graph's aspect
     ratio and scales it to ``height`` x ``width``; "stretch" scales the whole picture to that
-    size; "shorter-side" scales it so that its shorter side is ``shorter_side`` pixels, then
-    cuts the center ``height`` x ``width``. ``interpolation`` names the filter. Then its
+    size; "letterbox" scales it to fit and pads the rest with gray (114, as YOLO trains);
+    "shorter-side" scales it so that its shorter side is ``shorter_side`` pixels, then cuts
+    the center ``height`` x ``width``. ``interpolation`` names the filter. Then its
     values: channels in ``color`` order (callers pass RGB; "BGR" graphs get them reversed),
     each ``(pixel - mean) / std`` on 0-255 values, in the graph's channel order.
     """
@@ -69,7 +77,7 @@ class ImageSpec:
     std: tuple[float, ...]
     layout: Literal["NCHW"] = "NCHW"
     color: Literal["RGB", "BGR"] = "RGB"
-    resize: Literal["crop", "stretch", "shorter-side"] = "crop"
+    resize: Literal["crop", "stretch", "shorter-side", "letterbox"] = "crop"
     shorter_side: int | None = None
     interpolation: Literal["bilinear", "bicubic", "lanczos"] = "bilinear"
 
@@ -93,7 +101,7 @@ class TextEncoderIO:
 
 @dataclass(frozen=True)
 class TextClassifierIO:
-    """Texts -> ``labels`` (the graph's logits in label order)."""
+    """Texts -> ``labels`` (the graph's logits in label order; ``scores``: what they are)."""
 
     kind: ClassVar[str] = "text-classifier"
     graph: str
@@ -102,6 +110,7 @@ class TextClassifierIO:
     outputs: tuple[TensorSpec, ...]
     max_seq_len: int
     labels: tuple[str, ...]
+    scores: Scores = "logits"
 
 
 @dataclass(frozen=True)
@@ -130,7 +139,8 @@ class ExitSegmentsIO:
 
 @dataclass(frozen=True)
 class ImageClassifierIO:
-    """Images -> ``labels``; ``image`` says how pixels become the graph's input."""
+    """Images -> ``labels``; ``image`` says how pixels become the graph's input, ``scores``
+    what the graph's first output holds."""
 
     kind: ClassVar[str] = "image-classifier"
     graph: str
@@ -138,6 +148,27 @@ class ImageClassifierIO:
     outputs: tuple[TensorSpec, ...]
     labels: tuple[str, ...]
     image: ImageSpec
+    scores: Scores = "logits"
+
+
+@dataclass(frozen=True)
+class ImageDetectorIO:
+    """Images -> detections: the graph's first output is YOLO-style, ``layout``
+    "attributes-first" [1, 4+C, N] or "anchors-first" [1, N, 4+1+C] (``runtime/detect.py``);
+    ``image`` says how pixels become its input ("letterbox" or "stretch"); NMS keeps
+    detections of ``score_threshold`` or more, overlapping by at most ``iou_threshold`` per
+    label, ``max_detections`` per image."""
+
+    kind: ClassVar[str] = "image-detector"
+    graph: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    labels: tuple[str, ...]
+    image: ImageSpec
+    layout: Literal["attributes-first", "anchors-first"]
+    score_threshold: float = 0.25  # ultralytics' default
+    iou_threshold: float = 0.45  # ultralytics' default
+    max_detections: int = 300  # ultralytics' default
 
 
 @dataclass(frozen=True)
@@ -198,7 +229,13 @@ class RawIO:
 
 
 PackageIO = Union[  # noqa: UP007  # a runtime value (typing.get_args), not only an annotation
-    TextEncoderIO, TextClassifierIO, ExitSegmentsIO, ImageClassifierIO, DecoderIO, RawIO
+    TextEncoderIO,
+    TextClassifierIO,
+    ExitSegmentsIO,
+    ImageClassifierIO,
+    ImageDetectorIO,
+    DecoderIO,
+    RawIO,
 ]
 IO_KINDS: dict[str, type[Any]] = {cls.kind: cls for cls in get_args(PackageIO)}
 

@@ -71,3 +71,158 @@ def tiny_cnn(path: Path, *, classes: int = 3, size: int = 32, seed: int = 0) -> 
         dynamo=False,
     )
     return path
+
+
+def _save(graph: object, path: Path, *, opset: int = 17, external: bool = False) -> Path:
+    """Save ``graph`` at ``opset``; ``external``: every weight in ``<name>.data`` beside it."""
+    import onnx
+    from onnx import helper
+
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8 if opset >= 15 else 7
+    onnx.checker.check_model(model)
+    onnx.save(model, path, save_as_external_data=external, location=f"{path.name}.data",
+              size_threshold=64)  # fmt: skip
+    return path
+
+
+def yolo_like(
+    path: Path, *, classes: int = 3, size: int = 8, boxes: tuple[float, ...] = (100, 1000, 10, 60)
+) -> Path:
+    """A YOLOv8-layout detector: images [1, 3, size, size] -> output0 [1, 4+C, size^2], one
+    anchor per pixel: cx, cy = boxes[0] x R, G + boxes[1], w = h = boxes[2] x B + boxes[3], class
+    k's logit 4 x channel k - 2. One MatMul makes box coordinates in pixels (hundreds, by
+    default) and class logits (units) in the same tensor, so a per-tensor int8 scale fit to
+    the boxes rounds the logits away while the whole output's relative L2 stays small (what
+    quantized YOLO exports do)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    attributes, anchors = 4 + classes, size * size
+    spread, centre, grow, least = boxes
+    weight = np.zeros((3, attributes), np.float32)
+    weight[0, 0], weight[1, 1], weight[2, 2], weight[2, 3] = spread, spread, grow, grow
+    weight[:, 4:] = np.eye(3, classes, dtype=np.float32) * 4.0
+    bias = np.array([centre, centre, least, least] + [-2.0] * classes, np.float32)
+    starts = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+              [("s0", [0]), ("s4", [4]), ("s_end", [attributes]), ("axis", [2])]]  # fmt: skip
+    nodes = [
+        helper.make_node("Reshape", ["images", "flat"], ["pixels"]),  # [1, 3, 64]
+        helper.make_node("Transpose", ["pixels"], ["anchors"], perm=[0, 2, 1]),  # [1, 64, 3]
+        helper.make_node("MatMul", ["anchors", "W"], ["mixed"]),
+        helper.make_node("Add", ["mixed", "B"], ["raw"]),  # [1, 64, 4+C]
+        helper.make_node("Slice", ["raw", "s0", "s4", "axis"], ["boxes"]),
+        helper.make_node("Slice", ["raw", "s4", "s_end", "axis"], ["logits"]),
+        helper.make_node("Sigmoid", ["logits"], ["scores"]),
+        helper.make_node("Concat", ["boxes", "scores"], ["joined"], axis=2),
+        helper.make_node("Transpose", ["joined"], ["output0"], perm=[0, 2, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "yolo_like",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, attributes, anchors])],
+        initializer=[
+            numpy_helper.from_array(weight, "W"),
+            numpy_helper.from_array(bias, "B"),
+            numpy_helper.from_array(np.array([1, 3, anchors], np.int64), "flat"),
+            *starts,
+        ],
+    )
+    return _save(graph, path)
+
+
+def ocr_like(path: Path, *, classes: int = 40, opset: int = 17, external: bool = False) -> Path:
+    """A CTC text recognizer: a line image [1, 1, 8, W] of any width -> per-column class logits
+    [1, W, C] (class 0 the blank). Column k of the one-hot image is class k with a margin of 6;
+    the last class's logits are -50 x the column sum, so a per-tensor int8 scale made for them
+    moves every other logit by a large share of its own size while no argmax changes. ``opset``
+    below 13 writes Squeeze's axes as an attribute (as Paddle's opset 11 exports do)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.zeros((8, classes), np.float32)
+    weight[:, :8] = np.eye(8, dtype=np.float32) * 6.0
+    weight[:, -1] = -50.0
+    squeeze = (
+        helper.make_node("Squeeze", ["image", "channel"], ["rows"])
+        if opset >= 13
+        else helper.make_node("Squeeze", ["image"], ["rows"], axes=[1])
+    )  # [1, 8, W]
+    graph = helper.make_graph(
+        [
+            squeeze,
+            helper.make_node("Transpose", ["rows"], ["columns"], perm=[0, 2, 1]),  # [1, W, 8]
+            helper.make_node("MatMul", ["columns", "W"], ["logits"]),
+        ],
+        "ocr_like",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 1, 8, "width"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "width", classes])],
+        initializer=[
+            numpy_helper.from_array(weight, "W"),
+            *([numpy_helper.from_array(np.array([1], np.int64), "channel")] if opset >= 13 else []),
+        ],
+    )
+    return _save(graph, path, opset=opset, external=external)
+
+
+def ocr_lines(folder: Path, *, widths: tuple[int, ...], seed: int = 0) -> Path:
+    """Line images of the given widths, one .npz per line: column j one-hot at a random row
+    (its class), plus small positive noise."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for index, width in enumerate(widths):
+        image = rng.uniform(0, 0.05, size=(1, 1, 8, width)).astype(np.float32)
+        image[0, 0, rng.integers(0, 8, size=width), np.arange(width)] += 1.0
+        np.savez(folder / f"line-{index:02d}.npz", image=image)
+    return folder
+
+
+def padded_encoder(path: Path, *, length: int = 16, dim: int = 8, vocab: int = 32) -> Path:
+    """A text encoder with a fixed-length input: input_ids and attention_mask [1, length] int64
+    -> last_hidden_state [1, length, dim] (an embedding table and one MatMul)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(vocab, dim)).astype(np.float32)
+    weight = rng.normal(size=(dim, dim)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["table", "input_ids"], ["tokens"]),
+            helper.make_node("Cast", ["attention_mask"], ["mask"], to=TensorProto.FLOAT),
+            helper.make_node("Unsqueeze", ["mask", "last"], ["mask3"]),
+            helper.make_node("MatMul", ["tokens", "W"], ["states"]),
+            helper.make_node("Mul", ["states", "mask3"], ["last_hidden_state"]),
+        ],
+        "padded_encoder",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, length]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, length]),
+        ],
+        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, [1, length, dim])],
+        initializer=[
+            numpy_helper.from_array(table, "table"),
+            numpy_helper.from_array(weight, "W"),
+            numpy_helper.from_array(np.array([2], np.int64), "last"),
+        ],
+    )
+    return _save(graph, path)
+
+
+def softmax_classifier(path: Path, *, classes: int = 3) -> Path:
+    """An image classifier that already outputs probabilities: images [N, 3, 8, 8] -> pooled
+    -> Gemm -> Softmax -> probs [N, C]."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = (np.arange(3 * classes, dtype=np.float32).reshape(3, classes) - 4.0) * 2.0
+    graph = helper.make_graph(
+        [
+            helper.make_node("GlobalAveragePool", ["image"], ["pooled"]),
+            helper.make_node("Flatten", ["pooled"], ["flat"]),
+            helper.make_node("Gemm", ["flat", "W"], ["logits"]),
+            helper.make_node("Softmax", ["logits"], ["probs"], axis=1),
+        ],
+        "softmax_classifier",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["n", 3, 8, 8])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["n", classes])],
+        initializer=[numpy_helper.from_array(weight, "W")],
+    )
+    return _save(graph, path)

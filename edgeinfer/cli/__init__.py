@@ -17,6 +17,7 @@ from edgeinfer.cli import (
     cache_cmd,
     classify_cmd,
     deploy_cmd,
+    detect_cmd,
     export_cmd,
     generate_cmd,
     inspect_cmd,
@@ -52,6 +53,7 @@ app.command("export")(export_cmd.export)
 app.command("inspect")(inspect_cmd.inspect)
 app.command("generate")(generate_cmd.generate)
 app.command("classify")(classify_cmd.classify)
+app.command("detect")(detect_cmd.detect)
 app.command("serve")(serve_cmd.serve)
 app.command("request")(request_cmd.request)
 app.command("bench")(bench_cmd.bench)

@@ -24,6 +24,7 @@ class TaskChoice(str, Enum):
     classify = "classify"
     generate = "generate"
     raw = "raw"
+    detect = "detect"
 
 
 class QuantChoice(str, Enum):
@@ -91,6 +92,14 @@ def export(
         typer.Option(
             help="raw ONNX graphs: a state INPUT=OUTPUT pair carried between calls "
             "(repeatable; default: found by name)"
+        ),
+    ] = None,
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="raw ONNX graphs: the gate's metric of an output, OUTPUT=METRIC (detections, "
+            "sequence[:BLANK], probabilities, embedding, state, tensor, exact; repeatable; "
+            "default: chosen from the outputs)"
         ),
     ] = None,
     max_accuracy_loss: Annotated[
@@ -179,13 +188,15 @@ def export(
     elif variants or kv_dtype:
         names = tuple(v.strip() for v in variants.split(",") if v) if variants else None
         builder = DecoderOptions(variants=names, kv_dtype=kv_dtype or "float32")
-    if labels is not None or state:
+    if labels is not None or state or metric:
         if builder is not None:
             raise ConfigError(
-                "--labels and --state export ONNX files: drop --early-exit, --variants and "
-                "--distill-layers"
+                "--labels, --state and --metric export ONNX files: drop --early-exit, "
+                "--variants and --distill-layers"
             )
-        builder = OnnxFileOptions(labels=labels, state=tuple(state or ()))
+        builder = OnnxFileOptions(
+            labels=labels, state=tuple(state or ()), metrics=tuple(metric or ())
+        )
     options = ExportOptions(
         source=source,
         out=out,

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from edgeinfer.errors import ConfigError
 from edgeinfer.export import package
 from edgeinfer.export.context import Candidate, ExportContext, Quality
+from edgeinfer.export.gates.verdict import Verdict
 from edgeinfer.export.passes.validate import Accuracy
 from edgeinfer.package_io import PackageIO
 
@@ -88,6 +89,10 @@ class GraphBuilder(Builder):
     def graph_io(self, graph: Path) -> PackageIO:
         """The package io of a candidate whose graph is ``graph``."""
 
+    def graph_files(self, name: str, graph: Path) -> dict[str, Path]:
+        """The package files of candidate ``name``'s graph (package name -> built file)."""
+        return {package.GRAPH_NAME: graph}
+
     def candidate(
         self,
         name: str,
@@ -101,7 +106,7 @@ class GraphBuilder(Builder):
         return Candidate(
             name=name,
             precision=precision,
-            files={package.GRAPH_NAME: graph, **self.side_files},
+            files={**self.graph_files(name, graph), **self.side_files},
             io=self.graph_io(graph),
             quantization=quantization or {"mode": "none"},
             tokens=dict(self.tokens),
@@ -109,9 +114,12 @@ class GraphBuilder(Builder):
             requested=requested,
         )
 
-    def gate(self, candidate: Candidate, accuracy: Accuracy, summary: str, **details: Any) -> None:
-        """Record ``candidate``'s quality: ``accuracy`` against the run's budget, with
-        ``summary`` for messages and ``details`` beside the accuracy's in the report."""
+    def gate(
+        self, candidate: Candidate, accuracy: Accuracy | Verdict, summary: str, **details: Any
+    ) -> None:
+        """Record ``candidate``'s quality: ``accuracy`` (one metric, or a verdict per output)
+        against the run's budget, with ``summary`` for messages and ``details`` beside the
+        accuracy's in the report."""
         loss = self.run.max_accuracy_loss
         quality = Quality(
             metric=accuracy.metric,

@@ -9,6 +9,7 @@ from typing import Union
 
 from edgeinfer.config import QUANT_MODES, CalibrationMethod, QuantMode
 from edgeinfer.errors import ConfigError
+from edgeinfer.export.gates.declared import parse_declared
 
 __all__ = [
     "BuilderOptions",
@@ -19,7 +20,7 @@ __all__ = [
     "ShrinkOptions",
 ]
 
-TASKS = ("auto", "embed", "classify", "generate", "raw")
+TASKS = ("auto", "embed", "classify", "generate", "raw", "detect")
 
 
 @dataclass(frozen=True)
@@ -124,15 +125,19 @@ class OnnxFileOptions:
             None: the folder's ``labels.txt``, its config's ``id2label``, else ``LABEL_i``.
         state: ``INPUT=OUTPUT`` pairs of a stateful graph (raw); empty: found by name
             (``state`` -> ``stateN``, ``past*`` -> ``present*``, ``h0`` -> ``hn``).
+        metrics: ``OUTPUT=METRIC`` gate metrics of a raw graph's outputs (``export/gates``;
+            ``sequence:BLANK`` names the CTC blank); empty: chosen from the outputs.
     """
 
     labels: Path | None = None
     state: tuple[str, ...] = ()
+    metrics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for item in self.state:
             if item.count("=") != 1 or item.startswith("=") or item.endswith("="):
                 raise ConfigError(f"state {item!r} must be INPUT=OUTPUT")
+        parse_declared(self.metrics)
 
 
 BuilderOptions = Union[EarlyExitOptions, DecoderOptions, OnnxFileOptions, ShrinkOptions]  # noqa: UP007

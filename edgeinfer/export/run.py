@@ -24,6 +24,7 @@ from edgeinfer.export.builder import Builder
 from edgeinfer.export.context import Candidate, ExportContext, ExportReport, Progress
 from edgeinfer.export.options import ExportOptions
 from edgeinfer.export.source import resolve_source
+from edgeinfer.manifest import file_entries
 
 __all__ = ["export"]
 
@@ -137,8 +138,12 @@ def _write(run: ExportContext, builder: Builder, chosen: Candidate, partial: Pat
     )
     config = RuntimeConfig(threads=run.threads, spin_wait=False, warmup_runs=0, verify=False)
     with load(partial, config=config) as model:
-        recorded = smoke.record(model, builder.smoke_inputs(chosen))
-    replace(manifest, smoke=recorded).write(partial)
+        recorded, arrays = smoke.record(model, builder.smoke_inputs(chosen))
+    files = manifest.files
+    if arrays:
+        smoke.write_arrays(partial / smoke.ARRAYS_NAME, arrays)
+        files = {**files, **file_entries(partial, [smoke.ARRAYS_NAME])}
+    replace(manifest, smoke=recorded, files=files).write(partial)
     if run.options.min_ep_coverage is not None:
         placement.gate(
             partial, providers=run.quant.providers, min_coverage=run.options.min_ep_coverage

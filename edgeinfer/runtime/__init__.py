@@ -2,7 +2,13 @@
 
 from edgeinfer.runtime.early_exit import ExitPolicy
 from edgeinfer.runtime.generate.streaming import GenerationResult, TextChunk
-from edgeinfer.runtime.handles import ClassifyModel, EmbedModel, GenerateModel, RawModel
+from edgeinfer.runtime.handles import (
+    ClassifyModel,
+    DetectModel,
+    EmbedModel,
+    GenerateModel,
+    RawModel,
+)
 from edgeinfer.runtime.metrics import MetricsSnapshot, render_prometheus
 from edgeinfer.runtime.model import Model, load
 from edgeinfer.runtime.tasks import ClassificationResult, EmbeddingResult
@@ -10,6 +16,7 @@ from edgeinfer.runtime.tasks import ClassificationResult, EmbeddingResult
 __all__ = [
     "ClassificationResult",
     "ClassifyModel",
+    "DetectModel",
     "EmbedModel",
     "EmbeddingResult",
     "ExitPolicy",

@@ -26,7 +26,7 @@ from edgeinfer.runtime.generate.chat import Prompt
 from edgeinfer.runtime.generate.generator import Generator
 from edgeinfer.runtime.generate.streaming import GenerationResult, TextChunk
 from edgeinfer.runtime.metrics import Metrics
-from edgeinfer.runtime.tasks import ClassificationResult, EmbeddingResult
+from edgeinfer.runtime.tasks import ClassificationResult, Detection, EmbeddingResult
 
 __all__ = ["Backend", "BackendOptions", "GenerateBackend"]
 
@@ -85,6 +85,10 @@ class Backend:
     ) -> list[ClassificationResult]:
         """One result per text or image."""
         raise self._unsupported("classify")
+
+    def detect(self, images: Any, *, score_threshold: float | None) -> list[list[Detection]]:
+        """Each image's detections (detector packages)."""
+        raise self._unsupported("detect")
 
     def generate(
         self,

@@ -33,9 +33,9 @@ from edgeinfer.runtime.generate.chat import Prompt
 from edgeinfer.runtime.generate.streaming import GenerationResult, TextChunk
 from edgeinfer.runtime.metrics import MetricsSnapshot
 from edgeinfer.runtime.model import DEFAULT_BATCH_SIZE, Model, load
-from edgeinfer.runtime.tasks import ClassificationResult, EmbeddingResult
+from edgeinfer.runtime.tasks import ClassificationResult, Detection, EmbeddingResult
 
-__all__ = ["ClassifyModel", "EmbedModel", "GenerateModel", "RawModel"]
+__all__ = ["ClassifyModel", "DetectModel", "EmbedModel", "GenerateModel", "RawModel"]
 
 H = TypeVar("H", bound="_Handle")
 
@@ -268,6 +268,31 @@ class GenerateModel(_Handle):
         return self.model.warm_prefix(prefix)
 
 
+class DetectModel(_Handle):
+    """A ``detect`` package: object detections per image, NMS on the device."""
+
+    TASK = "detect"
+
+    @classmethod
+    def load(
+        cls,
+        package: str | Path,
+        *,
+        providers: Sequence[str] | None = None,
+        threads: int | None = None,
+        verify: bool = True,
+        config: RuntimeConfig | None = None,
+    ) -> DetectModel:
+        """``edgeinfer.load`` for a detect package (``PackageError`` for another task)."""
+        return cls._load(
+            package, providers=providers, threads=threads, verify=verify, config=config
+        )
+
+    def detect(self, images: Any, *, score_threshold: float | None = None) -> list[list[Detection]]:
+        """Each image's detections, boxes in its own pixels (``Model.detect``)."""
+        return self.model.detect(images, score_threshold=score_threshold)
+
+
 class RawModel(_Handle):
     """A ``raw`` package: named arrays in and out, optionally stateful per stream."""
 
@@ -301,5 +326,6 @@ _HANDLE_OF = {
     "embed": "EmbedModel",
     "classify": "ClassifyModel",
     "generate": "GenerateModel",
+    "detect": "DetectModel",
     "raw": "RawModel",
 }

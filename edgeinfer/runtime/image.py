@@ -120,7 +120,7 @@ class ImageBackend(Backend):
                 compute_ms = (time.perf_counter() - began) * 1e3
                 results += [
                     replace(r, compute_ms=compute_ms)
-                    for r in classification_results(logits, labels)
+                    for r in classification_results(logits, labels, scores=io.scores)
                 ]
             return results
 

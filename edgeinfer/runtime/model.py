@@ -26,13 +26,14 @@ from edgeinfer.config import (
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import ExitSegmentsIO
 from edgeinfer.runtime.backends import Backend, BackendOptions, GenerateBackend
+from edgeinfer.runtime.detect import DetectBackend
 from edgeinfer.runtime.early_exit import ExitPolicy
 from edgeinfer.runtime.generate.chat import Prompt
 from edgeinfer.runtime.generate.streaming import GenerationResult, TextChunk
 from edgeinfer.runtime.image import ImageBackend
 from edgeinfer.runtime.metrics import Metrics, MetricsSnapshot
 from edgeinfer.runtime.raw import RawBackend
-from edgeinfer.runtime.tasks import ClassificationResult, EmbeddingResult
+from edgeinfer.runtime.tasks import ClassificationResult, Detection, EmbeddingResult
 from edgeinfer.runtime.text import TextBackend
 
 __all__ = ["BACKENDS", "Model", "load"]
@@ -56,6 +57,7 @@ BACKENDS: dict[str, Callable[[Path, Manifest, BackendOptions], Backend]] = {
     "text-classifier": TextBackend,
     "exit-segments": _segments_backend,
     "image-classifier": ImageBackend,
+    "image-detector": DetectBackend,
     "decoder": GenerateBackend,
     "raw": RawBackend,
 }
@@ -230,6 +232,12 @@ class Model:
         returns its token count. A chat's system message needs no call: it is kept
         automatically. See ``docs/generation.md``."""
         return self._backend.warm_prefix(prefix)
+
+    def detect(self, images: Any, *, score_threshold: float | None = None) -> list[list[Detection]]:
+        """A detector package's detections per image (paths, Pillow images, uint8 RGB
+        arrays), best first, boxes x1, y1, x2, y2 in each image's own pixels; NMS as the
+        manifest says (``score_threshold`` overrides its threshold). See docs/onnx.md."""
+        return self._backend.detect(images, score_threshold=score_threshold)
 
     def run(self, feeds: Mapping[str, Any], *, stream: str | None = None) -> dict[str, np.ndarray]:
         """Run a ``raw`` package's graph: input name -> array in, output name -> array out.

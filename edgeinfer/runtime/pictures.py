@@ -18,11 +18,12 @@ import numpy as np
 from edgeinfer.errors import InputError, MissingDependencyError
 from edgeinfer.package_io import ImageSpec
 
-__all__ = ["MAX_PIXELS", "fit", "is_picture", "pictures_to_batch", "pil"]
+__all__ = ["MAX_PIXELS", "as_pil", "fit", "is_picture", "letterbox", "pictures_to_batch", "pil"]
 
 # Decoded pixels per picture at most (a 4096 x 4096 frame): a decompression bomb is refused
 # before it is decoded.
 MAX_PIXELS: Final = 4096 * 4096
+_PAD_GRAY: Final = 114  # the letterbox border YOLO models are trained with
 
 
 def pil() -> Any:
@@ -52,11 +53,26 @@ def _filter(image: ImageSpec) -> Any:
     }[image.interpolation]
 
 
+def letterbox(w: int, h: int, image: ImageSpec) -> tuple[float, int, int]:
+    """A ``w`` x ``h`` picture letterboxed into the graph's size: (scale, left, top)."""
+    scale = min(image.width / w, image.height / h)
+    left = (image.width - round(w * scale)) // 2
+    top = (image.height - round(h * scale)) // 2
+    return scale, left, top
+
+
 def fit(picture: Any, image: ImageSpec) -> np.ndarray:
     """A Pillow image resized and cropped as ``image`` says: uint8 RGB [height, width, 3]."""
     picture = picture.convert("RGB")
     w, h = picture.size
     height, width = image.height, image.width
+    if image.resize == "letterbox":
+        scale, left, top = letterbox(w, h, image)
+        new_w, new_h = round(w * scale), round(h * scale)
+        canvas = np.full((height, width, 3), _PAD_GRAY, np.uint8)
+        resized = np.asarray(picture.resize((new_w, new_h), _filter(image)), np.uint8)
+        canvas[top : top + new_h, left : left + new_w] = resized
+        return canvas
     if image.resize == "stretch":
         box = (0.0, 0.0, float(w), float(h))
     elif image.resize == "shorter-side":
@@ -93,12 +109,13 @@ def _open(path: str | Path) -> Any:
         raise InputError(f"{path} is not a readable image: {type(exc).__name__}: {exc}") from exc
 
 
-def _one(item: Any, image: ImageSpec, index: int) -> np.ndarray:
-    """One picture as uint8 RGB [height, width, 3]."""
+def as_pil(item: Any, index: int) -> Any:
+    """One picture (a file path, a Pillow image, a uint8 RGB array [H, W, 3]) as a Pillow
+    image at its own size."""
     if isinstance(item, (str, Path)):
-        return fit(_open(item), image)
+        return _open(item)
     if _is_pil(item):
-        return fit(item, image)
+        return item
     array = np.asarray(item) if isinstance(item, np.ndarray) else None
     if array is None or array.dtype != np.uint8 or array.ndim != 3 or array.shape[-1] != 3:
         raise InputError(
@@ -106,11 +123,17 @@ def _one(item: Any, image: ImageSpec, index: int) -> np.ndarray:
             f"[H, W, 3], got {type(item).__name__}"
             + (f" {array.dtype} {list(array.shape)}" if array is not None else "")
         )
-    if array.shape[:2] == (image.height, image.width):
-        return array
     if array.shape[0] * array.shape[1] > MAX_PIXELS or 0 in array.shape:
         raise InputError(f"image {index} is {list(array.shape)}; too large or empty")
-    return fit(pil().fromarray(np.ascontiguousarray(array)), image)
+    return pil().fromarray(np.ascontiguousarray(array))
+
+
+def _one(item: Any, image: ImageSpec, index: int) -> np.ndarray:
+    """One picture as uint8 RGB [height, width, 3]."""
+    if isinstance(item, np.ndarray) and item.dtype == np.uint8 and item.ndim == 3:
+        if item.shape[:2] == (image.height, image.width) and item.shape[-1] == 3:
+            return item
+    return fit(as_pil(item, index), image)
 
 
 def pictures_to_batch(pictures: Any, *, image: ImageSpec) -> np.ndarray:

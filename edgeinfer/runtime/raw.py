@@ -148,7 +148,7 @@ def _check_shape(name: str, array: np.ndarray, want: tuple[str | int, ...]) -> N
     """Refuse an array whose rank or fixed dimensions differ from the graph's input, naming
     both (onnxruntime would fail with a message about its own internals)."""
     fits = array.ndim == len(want) and all(
-        not isinstance(dim, int) or dim < 0 or dim == size
+        not isinstance(dim, int) or dim <= 0 or dim == size  # 0: a dimension ONNX leaves unnamed
         for dim, size in zip(want, array.shape, strict=True)
     )
     if array.size == 0:

@@ -13,23 +13,30 @@ The manifest's ``smoke`` field::
 
 Images travel as a small thumbnail (base64 uint8) that ``record`` and ``check`` both blow up to
 the package's size by pixel repetition, so both sides classify the very same pixels.
+
+A raw graph's arrays live beside the manifest in ``smoke.npz`` (listed in its ``files``), the
+manifest naming them, within ``MAX_ARRAY_BYTES``: an output of more than ``MAX_OUTPUT_VALUES``
+values is kept as every k-th value (``stride``), an input too large to store is drawn again from
+a seed over its recorded range (``generated``), and cases stop where the budget ends.
 """
 
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgeinfer.errors import PackageError
-from edgeinfer.package_io import DecoderIO, ImageClassifierIO, RawIO
+from edgeinfer.package_io import DecoderIO, ImageClassifierIO, ImageDetectorIO, RawIO
 
 if TYPE_CHECKING:
     from edgeinfer.runtime.model import Model
 
-__all__ = ["check", "record"]
+__all__ = ["ARRAYS_NAME", "MAX_ARRAY_BYTES", "check", "record", "write_arrays"]
 
 MIN_COSINE = 0.95  # int8 across CPUs keeps ~0.99; a wrong or damaged graph falls far below
 DECIDED = 0.3  # a top label leading the runner-up by this much cannot flip across machines
@@ -43,23 +50,26 @@ RAW_ABSOLUTE = 1e-3
 THUMBNAIL = 8  # images are stored at 1/8 of the package's side
 _CASES = 3
 _PROMPT_TOKENS = 64  # smoke prompts are short: the check must take milliseconds
+ARRAYS_NAME = "smoke.npz"
+# A raw package's smoke arrays at most: small beside any graph, and a deploy moves them too.
+MAX_ARRAY_BYTES = 1 << 20
+# Values kept of one output: a strided sample of this many shows a wrong graph as well.
+MAX_OUTPUT_VALUES = 4096
 
 
-def record(model: Model, inputs: Sequence[Any]) -> dict[str, Any]:
+def record(model: Model, inputs: Sequence[Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The smoke field for ``model``: its outputs on the most decided of ``inputs`` (texts,
-    uint8 RGB images, float images, prompts — as the package's kind takes)."""
+    uint8 RGB images, float images, prompts — as the package's kind takes), and the arrays
+    for ``smoke.npz`` (raw packages; empty for the others)."""
     io = model.manifest.io
     kind = io.kind
+    arrays: dict[str, np.ndarray] = {}
     if isinstance(io, DecoderIO):
         cases = _greedy_cases(model, [str(p) for p in inputs])
     elif isinstance(io, RawIO):
-        cases = [
-            {
-                "feeds": {k: _array_case(v) for k, v in feeds.items()},
-                "outputs": {k: _array_case(v) for k, v in model.run(feeds).items()},
-            }
-            for feeds in inputs[:_CASES]
-        ]
+        cases = _raw_cases(model, inputs, arrays)
+    elif isinstance(io, ImageDetectorIO):
+        cases = _detection_cases(model, inputs)
     elif model.task == "embed":
         vectors = model.embed([str(t) for t in inputs[:_CASES]])
         cases = [
@@ -75,7 +85,68 @@ def record(model: Model, inputs: Sequence[Any]) -> dict[str, Any]:
         "token_margin": TOKEN_MARGIN,
         "raw_relative": RAW_RELATIVE,
     }
-    return {"version": 1, "kind": kind, "cases": cases, "tolerance": tolerance}
+    field = {"version": 1, "kind": kind, "cases": cases, "tolerance": tolerance}
+    return ({**field, "arrays": ARRAYS_NAME} if arrays else field), arrays
+
+
+def write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """``smoke.npz``: the arrays ``record`` returned, compressed."""
+    np.savez_compressed(path, **arrays)  # type: ignore[arg-type]  # numpy's stub wants a str key
+
+
+def _raw_cases(
+    model: Model, inputs: Sequence[Any], arrays: dict[str, np.ndarray]
+) -> list[dict[str, Any]]:
+    """Cases of named arrays (into ``arrays``) while they fit in ``MAX_ARRAY_BYTES``."""
+    cases: list[dict[str, Any]] = []
+    used = 0
+    for index, feeds in enumerate(inputs[:_CASES]):
+        case: dict[str, Any] = {"feeds": {}, "generated": {}, "outputs": {}, "stride": {}}
+        fed: dict[str, np.ndarray] = {}
+        new: dict[str, np.ndarray] = {}
+        for name, value in feeds.items():
+            value = np.asarray(value)
+            key = f"case{index}/feed/{name}"
+            if value.nbytes > MAX_ARRAY_BYTES // (2 * _CASES):
+                spec = _range_of(value, seed=index)
+                case["generated"][name] = spec
+                fed[name] = _generate(spec)
+            else:
+                case["feeds"][name] = key
+                fed[name] = new[key] = value
+        for name, value in model.run(fed).items():
+            flat = np.asarray(value).reshape(-1)
+            stride = max(1, math.ceil(flat.size / MAX_OUTPUT_VALUES))
+            key = f"case{index}/output/{name}"
+            case["outputs"][name] = key
+            case["stride"][name] = stride
+            new[key] = np.ascontiguousarray(flat[::stride])
+        size = sum(a.nbytes for a in new.values())
+        if cases and used + size > MAX_ARRAY_BYTES:
+            break
+        used += size
+        arrays.update(new)
+        cases.append(case)
+    return cases
+
+
+def _range_of(value: np.ndarray, *, seed: int) -> dict[str, Any]:
+    """What regenerates an input of ``value``'s shape, type and range."""
+    low, high = (float(value.min()), float(value.max())) if value.size else (0.0, 0.0)
+    return {"shape": list(value.shape), "dtype": str(value.dtype), "low": low, "high": high,
+            "seed": seed}  # fmt: skip
+
+
+def _generate(spec: dict[str, Any]) -> np.ndarray:
+    """The input ``spec`` stands for: uniform over its range from its seed (PCG64 draws the
+    same values on every machine)."""
+    rng = np.random.default_rng(int(spec["seed"]))
+    dtype = np.dtype(str(spec["dtype"]))
+    shape = tuple(int(d) for d in spec["shape"])
+    low, high = float(spec["low"]), float(spec["high"])
+    if dtype.kind in "iub":
+        return rng.integers(int(low), int(high) + 1, size=shape).astype(dtype)
+    return rng.uniform(low, high, size=shape).astype(dtype)
 
 
 def check(model: Model) -> None:
@@ -86,13 +157,30 @@ def check(model: Model) -> None:
     if smoke.get("kind") != model.manifest.io.kind:
         raise PackageError(f"{model.path.name}: its smoke cases are for another package kind")
     tolerance = smoke.get("tolerance", {})
+    arrays = _stored_arrays(model, smoke)
     for index, case in enumerate(smoke["cases"]):
-        problem = _check_case(model, case, tolerance)
+        problem = _check_case(model, case, tolerance, arrays)
         if problem:
             raise PackageError(f"{model.path.name} fails its smoke check (case {index}): {problem}")
 
 
-def _check_case(model: Model, case: dict[str, Any], tolerance: dict[str, Any]) -> str | None:
+def _stored_arrays(model: Model, smoke: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The package's ``smoke.npz`` (verified with the package's files), when it has one."""
+    name = smoke.get("arrays")
+    if name is None:
+        return {}
+    if name not in model.manifest.files:
+        raise PackageError(f"{model.path.name}: its smoke arrays {name} are not in its files")
+    try:
+        with np.load(model.path / str(name), allow_pickle=False) as data:
+            return {key: np.asarray(data[key]) for key in data.files}
+    except (OSError, ValueError) as exc:
+        raise PackageError(f"{model.path.name}: cannot read its smoke arrays: {exc}") from exc
+
+
+def _check_case(
+    model: Model, case: dict[str, Any], tolerance: dict[str, Any], arrays: dict[str, np.ndarray]
+) -> str | None:
     if "vector" in case:
         got = model.embed(case["text"])[0]
         want = np.asarray(case["vector"], np.float32)
@@ -101,8 +189,11 @@ def _check_case(model: Model, case: dict[str, Any], tolerance: dict[str, Any]) -
         return None if cosine >= limit else f"embedding cosine {cosine:.4f} < {limit}"
     if "tokens" in case:
         return _check_tokens(model, case)
+    if "detection" in case:
+        return _check_detection(model, case)
     if "feeds" in case:
-        return _check_outputs(model, case, float(tolerance.get("raw_relative", RAW_RELATIVE)))
+        relative = float(tolerance.get("raw_relative", RAW_RELATIVE))
+        return _check_outputs(model, case, relative, arrays)
     result = model.classify(_input(model, case))[0]
     if case["decided"] and result.label != case["label"]:
         return f"label {result.label!r}, expected {case['label']!r}"
@@ -111,29 +202,62 @@ def _check_case(model: Model, case: dict[str, Any], tolerance: dict[str, Any]) -
     return None if moved <= limit else f"probability of {case['label']!r} moved by {moved:.3f}"
 
 
-def _array_case(array: np.ndarray) -> dict[str, Any]:
-    array = np.asarray(array)
-    return {"dtype": str(array.dtype), "shape": list(array.shape), "data": _b64(array)}
-
-
-def _array(case: dict[str, Any]) -> np.ndarray:
-    raw = base64.b64decode(case["data"])
-    array: np.ndarray = np.frombuffer(raw, np.dtype(case["dtype"])).reshape(case["shape"])
-    return array
-
-
-def _check_outputs(model: Model, case: dict[str, Any], relative: float) -> str | None:
-    """Every recorded output within ``relative`` of its size (L2), plus RAW_ABSOLUTE."""
-    got = model.run({k: _array(v) for k, v in case["feeds"].items()})
-    for name, recorded in case["outputs"].items():
-        want = _array(recorded).astype(np.float64)
-        if name not in got or np.shape(got[name]) != want.shape:
-            return f"output {name} is missing or has another shape"
-        error = float(np.linalg.norm(np.asarray(got[name], np.float64) - want))
+def _check_outputs(
+    model: Model, case: dict[str, Any], relative: float, arrays: dict[str, np.ndarray]
+) -> str | None:
+    """Every recorded output (its strided sample) within ``relative`` of its size (L2), plus
+    RAW_ABSOLUTE per value."""
+    try:
+        feeds = {name: arrays[key] for name, key in case["feeds"].items()}
+        feeds.update({name: _generate(spec) for name, spec in case["generated"].items()})
+        wanted = {name: arrays[key] for name, key in case["outputs"].items()}
+    except KeyError as exc:
+        return f"its smoke arrays lack {exc}"
+    got = model.run(feeds)
+    for name, recorded in wanted.items():
+        want = recorded.astype(np.float64)
+        if name not in got:
+            return f"output {name} is missing"
+        sample = np.asarray(got[name], np.float64).reshape(-1)[:: int(case["stride"][name])]
+        if sample.shape != want.shape:
+            return f"output {name} has another shape"
+        error = float(np.linalg.norm(sample - want))
         allowed = relative * float(np.linalg.norm(want)) + RAW_ABSOLUTE * np.sqrt(want.size)
         if error > allowed:
             return f"output {name} moved by {error:.4g} (L2), more than {allowed:.4g}"
     return None
+
+
+def _detection_cases(model: Model, inputs: Sequence[Any]) -> list[dict[str, Any]]:
+    """Pictures with their best detection (None: nothing found)."""
+    cases = []
+    for item in inputs[:_CASES]:
+        case = _encode(model, item)
+        found = model.detect(_input(model, case)[0])[0]
+        best = found[0] if found else None
+        cases.append(
+            {**case, "detection": None if best is None else {
+                "box": [round(v, 2) for v in best.box], "label": best.label,
+                "score": round(best.score, 6)}}
+        )  # fmt: skip
+    return cases
+
+
+def _check_detection(model: Model, case: dict[str, Any]) -> str | None:
+    """A decided best detection (``DECIDED`` above the threshold) is found again: same
+    label, IoU >= 0.5; any other case only has to run."""
+    from edgeinfer.runtime.detect import iou
+
+    found = model.detect(_input(model, case)[0])[0]
+    best = case["detection"]
+    threshold = model.manifest.io_as(ImageDetectorIO).score_threshold
+    if best is None or float(best["score"]) < threshold + DECIDED:
+        return None
+    want = np.asarray(best["box"], np.float32)
+    boxes = np.array([d.box for d in found if d.label == best["label"]], np.float32)
+    if len(boxes) and float(iou(want, boxes.reshape(-1, 4)).max()) >= 0.5:
+        return None
+    return f"its best detection ({best['label']} at {best['box']}) is not found again"
 
 
 def _label_cases(model: Model, inputs: Sequence[Any]) -> list[dict[str, Any]]:
@@ -182,7 +306,7 @@ def _input(model: Model, case: dict[str, Any]) -> Any:
     if case["dtype"] == "unit-float":  # float intensities, stored at full size
         return (raw.astype(np.float32) / 255.0)[None]
     io = model.manifest.io
-    if not isinstance(io, ImageClassifierIO):
+    if not isinstance(io, (ImageClassifierIO, ImageDetectorIO)):
         raise PackageError(f"{model.path.name}: an image smoke case for a non-image package")
     height, width = io.image.height, io.image.width
     big = np.repeat(np.repeat(raw, THUMBNAIL, axis=0), THUMBNAIL, axis=1)[:height, :width]

@@ -11,13 +11,14 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from edgeinfer.errors import ConfigError, InputError
-from edgeinfer.package_io import ImageSpec
+from edgeinfer.package_io import ImageSpec, Scores
 from edgeinfer.runtime.pictures import pictures_to_batch
 
 __all__ = [
     "ClassificationCodec",
     "ClassificationResult",
     "Codec",
+    "Detection",
     "EmbeddingCodec",
     "EmbeddingResult",
     "classification_results",
@@ -29,6 +30,16 @@ __all__ = [
 ]
 
 V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class Detection:
+    """One detected object: ``box`` x1, y1, x2, y2 in the image's own pixels, its ``label``
+    and ``score`` (the class score, times objectness for YOLOv5 layouts)."""
+
+    box: tuple[float, float, float, float]
+    label: str
+    score: float
 
 
 @dataclass(frozen=True)
@@ -99,9 +110,13 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return probs
 
 
-def classification_results(logits: np.ndarray, labels: list[str]) -> list[ClassificationResult]:
-    """One ``ClassificationResult`` per row of ``logits`` [B, C] (labels: C names in order)."""
-    probs = softmax(logits.astype(np.float32))  # [B, C]
+def classification_results(
+    logits: np.ndarray, labels: list[str], *, scores: Scores = "logits"
+) -> list[ClassificationResult]:
+    """One ``ClassificationResult`` per row of ``logits`` [B, C] (labels: C names in order;
+    ``scores`` "probabilities": the rows already are, taken as they are)."""
+    raw = logits.astype(np.float32)
+    probs = raw if scores == "probabilities" else softmax(raw)  # [B, C]
     results = []
     for p in probs:
         ranked = np.argsort(-p)

@@ -215,7 +215,7 @@ class TextBackend(Backend):
             # long texts returns to what short requests need; costs ~1 % of such a run).
             output = session.run(feeds, shrink_arena=input_ids.size > _SHRINK_ABOVE_TOKENS)[0]
             if isinstance(io, TextClassifierIO):
-                return list(classification_results(output, list(io.labels)))
+                return list(classification_results(output, list(io.labels), scores=io.scores))
             if io.pooling == "none":  # the graph pools: [B, D]
                 pooled = output
             elif io.pooling == "cls":

@@ -139,6 +139,34 @@ def test_a_camera_frame_is_classified_end_to_end(
     assert peer.final(bad)["error"]["code"] == "bad_request"
 
 
+def test_a_frame_to_a_detector_is_answered_with_its_detections(
+    serve: Any, peer: PahoPeer, tmp_path: Path
+) -> None:
+    from onnx_models import yolo_like
+    from PIL import Image
+
+    from edgeinfer.export.options import ExportOptions
+    from edgeinfer.export.run import export
+
+    graph = yolo_like(tmp_path / "yolo.onnx", size=32, boxes=(32, 0, 8, 4))
+    export(ExportOptions(source=str(graph), out=tmp_path / "det", task="detect",
+                         quantize="none", held_count=4))  # fmt: skip
+    model = edgeinfer.load(tmp_path / "det", threads=1)
+    serve("porch", {"det": model})
+    photo = np.random.default_rng(1).integers(0, 256, size=(48, 80, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(photo).save(buffer, format="PNG")
+    frame = {"format": "png", "data": buffer.getvalue()}
+    sent = peer.send("porch", "det", {"id": "f1", "image": frame})
+    reply = peer.final(sent)
+    assert reply["ok"], reply
+    (want,) = model.detect(photo)
+    (got,) = reply["result"]
+    assert [d["label"] for d in got["detections"]] == [d.label for d in want] and want
+    boxes = [d["box"] for d in got["detections"]]
+    np.testing.assert_allclose(boxes, [d.box for d in want], rtol=1e-5)
+
+
 # -- tensors: a stateful stream ----------------------------------------------------------------
 
 

@@ -110,7 +110,8 @@ def test_a_stateful_onnx_graph_becomes_a_raw_package(raw_package: Path) -> None:
     assert manifest["io"]["state"] == [
         {"input": "state", "output": "stateN", "dtype": "float32", "shape": [1, 4]}
     ]
-    assert manifest["accuracy"]["value"]["metric"] == "relative_error"
+    judged = manifest["accuracy"]["value"]["outputs"]
+    assert (judged["out"]["metric"], judged["stateN"]["metric"]) == ("tensor_error", "state_cosine")
     with edgeinfer.load(raw_package) as model:
         assert isinstance(model.manifest.io, RawIO)
         x = np.ones((1, 4), np.float32)
@@ -181,6 +182,13 @@ def test_refusals_are_clear_exit_2_and_leave_nothing(
     assert "pass --eval-data" in _refused([str(graph), "--task", "raw"], out, capsys)
     message = _refused([str(graph), "--task", "classify"], out, capsys)
     assert "export it with --task raw" in message
+    message = _refused([str(graph), "--task", "raw", "--metric", "out=l2"], out, capsys)
+    assert "must be OUTPUT=METRIC with METRIC one of detections" in message
+    data = tmp_path / "calls.npz"
+    np.savez(data, x=np.ones((4, 1, 4), np.float32))
+    message = _refused([str(graph), "--task", "raw", "--eval-data", str(data), "--metric",
+                        "nope=tensor"], out, capsys)  # fmt: skip
+    assert "--metric names ['nope']; the graph's outputs are" in message
     cnn = tiny_cnn(tmp_path / "cnn.onnx")
     (tmp_path / "two.txt").write_text("a\nb\n")
     message = _refused([str(cnn), "--labels", str(tmp_path / "two.txt")], out, capsys)
@@ -215,3 +223,90 @@ def test_an_onnx_text_folder_embeds_with_its_tokenizer(tmp_path: Path) -> None:
     assert manifest["io"]["kind"] == "text-encoder" and manifest["io"]["max_seq_len"] == 64
     with edgeinfer.load(out) as model:
         assert model.embed(TEXTS[:2]).shape == (2, 32)
+
+
+@pytest.mark.slow
+def test_a_graph_of_probabilities_is_classified_with_its_own_scores(tmp_path: Path) -> None:
+    import onnxruntime
+    from onnx_models import softmax_classifier
+
+    from edgeinfer.export.data.photos import builtin_images
+    from edgeinfer.export.run import export
+    from edgeinfer.runtime.tasks import prepare_images
+
+    graph = softmax_classifier(tmp_path / "probs.onnx")
+    out = tmp_path / "pkg"
+    report = export(ExportOptions(source=str(graph), out=out, quantize="int8-static",
+                                  held_count=8, force_quantize=True))  # fmt: skip
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert report.chosen == "int8" and manifest["io"]["scores"] == "probabilities"
+    views = builtin_images("gate", 4, size=preprocessing.spec_from_table({}, height=8, width=8))
+    with edgeinfer.load(out) as model:
+        results = model.classify(views)
+        pixels = prepare_images(views, image=model.manifest.io.image)  # type: ignore[union-attr]
+    (probs,) = onnxruntime.InferenceSession(str(graph)).run(None, {"image": pixels})
+    got = np.array([[r.scores[label] for label in ("LABEL_0", "LABEL_1", "LABEL_2")]
+                    for r in results])  # fmt: skip
+    np.testing.assert_allclose(got, probs, atol=0.05)  # int8's own, never softmaxed again
+    assert np.allclose(got.sum(axis=1), 1, atol=0.05) and got.max() > 1 / 3 + 0.05
+
+
+@pytest.mark.slow
+def test_an_already_quantized_graph_ships_as_given(tmp_path: Path) -> None:
+    from onnx_models import ocr_like
+    from onnxruntime.quantization import quantize_dynamic
+
+    from edgeinfer.export.run import export
+
+    int8 = tmp_path / "rec-int8.onnx"
+    quantize_dynamic(str(ocr_like(tmp_path / "rec.onnx")), str(int8))
+    lines = tmp_path / "lines"
+    lines.mkdir()
+    for width in (5, 9, 13):
+        np.savez(lines / f"{width}.npz", image=np.ones((1, 1, 8, width), np.float32))
+    report = export(ExportOptions(source=str(int8), out=tmp_path / "pkg", task="raw",
+                                  quantize="int8", eval_data=lines))  # fmt: skip
+    assert report.chosen == "as-given" and set(report.variants) == {"as-given"}
+    assert any("already quantized" in w for w in report.warnings)
+    manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
+    assert manifest["precision"] == "int8" and manifest["quantization"]["mode"] == "as-given"
+
+
+@pytest.mark.slow
+def test_raw_smoke_cases_are_bounded_and_stored_beside_the_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a budget smaller than one input, inputs are regenerated from a seed and outputs
+    kept as a strided sample: the arrays stay within the budget, the manifest small, and the
+    check still runs them (and still catches a different graph)."""
+    from onnx_models import yolo_like
+
+    from edgeinfer.errors import PackageError
+    from edgeinfer.export.run import export
+    from edgeinfer.manifest import MAX_MANIFEST_BYTES
+    from edgeinfer.runtime import smoke
+
+    budget = 512  # bytes: less than one image [1, 3, 8, 8] float32 (768)
+    monkeypatch.setattr(smoke, "MAX_ARRAY_BYTES", budget)
+    monkeypatch.setattr(smoke, "MAX_OUTPUT_VALUES", 32)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "held.npz", images=rng.normal(size=(4, 1, 3, 8, 8)).astype(np.float32))
+    out = tmp_path / "pkg"
+    export(ExportOptions(source=str(yolo_like(tmp_path / "det.onnx")), out=out, task="raw",
+                         quantize="none", eval_data=tmp_path / "held.npz"))  # fmt: skip
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["smoke"]["arrays"] == "smoke.npz" and "smoke.npz" in manifest["files"]
+    assert (out / "manifest.json").stat().st_size < MAX_MANIFEST_BYTES
+    with np.load(out / "smoke.npz") as stored:
+        assert sum(stored[k].nbytes for k in stored.files) <= budget
+        assert not any("/feed/" in k for k in stored.files)  # the input was regenerated
+    case = manifest["smoke"]["cases"][0]
+    assert case["generated"]["images"]["shape"] == [1, 3, 8, 8] and case["stride"]["output0"] > 1
+    with edgeinfer.load(out) as model:
+        smoke.check(model)
+    other = tmp_path / "other"
+    export(ExportOptions(source=str(yolo_like(tmp_path / "det2.onnx", classes=4)), out=other,
+                         task="raw", quantize="none", eval_data=tmp_path / "held.npz"))  # fmt: skip
+    (other / "smoke.npz").write_bytes((out / "smoke.npz").read_bytes())
+    with edgeinfer.load(other, verify=False) as model, pytest.raises(PackageError):
+        smoke.check(model)

@@ -54,3 +54,10 @@ def test_bad_feeds_are_refused(raw_package: Path) -> None:
             model.run({"x": np.ones((1, 4), np.int64)})
         with pytest.raises(ConfigError, match="has no embed"):
             model.embed("text")
+
+
+def test_shapes_are_checked_against_the_graphs_own_dimensions() -> None:
+    raw._check_shape("x", np.ones((1, 7)), (1, "width"))  # named: free
+    raw._check_shape("x", np.ones((1, 7)), (1, 0))  # unnamed (ONNX dim_value 0): free
+    with pytest.raises(InputError, match=r"input x takes shape \[1, 4\].*got \[1, 7\]"):
+        raw._check_shape("x", np.ones((1, 7)), (1, 4))

@@ -3,6 +3,7 @@ takes, per-device stream state for stateful models, and running one request on o
 
 Models are duck-typed (``edgeinfer.Model`` fits): ``task`` and ``manifest`` always; then
 ``embed_with_info``/``classify`` (text), ``classify`` on uint8 images (image classifiers),
+``detect`` on frames at their own size (detectors),
 ``run(feeds, *, stream=None)`` (tensor: ``raw`` packages) or ``stream(prompt, ...)``
 (generate, see ``generation.py``).
 """
@@ -20,7 +21,7 @@ import numpy as np
 
 from edgeinfer.bridge.wire import arrays, kinds
 from edgeinfer.bridge.wire import protocol as proto
-from edgeinfer.bridge.wire.frames import frames_to_batch
+from edgeinfer.bridge.wire.frames import frames_to_batch, frames_to_pictures
 from edgeinfer.errors import InputError
 from edgeinfer.package_io import ImageClassifierIO
 
@@ -40,7 +41,12 @@ class ServedModel(Protocol):
 
 
 # A package's io.kind -> the request kind it takes (text for the text kinds).
-_REQUEST_KINDS = {"decoder": "generate", "raw": "tensor", "image-classifier": "image"}
+_REQUEST_KINDS = {
+    "decoder": "generate",
+    "raw": "tensor",
+    "image-classifier": "image",
+    "image-detector": "image",
+}
 
 
 def kind_of(model: ServedModel) -> str:
@@ -161,6 +167,14 @@ def _labels(results: list[Any]) -> Outcome:
     return Outcome(proto.Body(items), cached, max(exits) if exits else None)
 
 
+def _detections(found: list[list[Any]]) -> list[dict[str, Any]]:
+    """One item per image: its detections, best first, boxes in the frame's pixels."""
+    return [
+        {"detections": [{"label": d.label, "score": d.score, "box": list(d.box)} for d in image]}
+        for image in found
+    ]
+
+
 def _tensors(outputs: Mapping[str, np.ndarray]) -> proto.Body:
     def encoder(fmt: str) -> bytes:
         binary = fmt == "msgpack"
@@ -181,6 +195,8 @@ def run_request(name: str, model: Any, request: proto.Request, streams: StreamTa
             cached = bool(answers) and all(a.cached for a in answers)
             return Outcome(_vectors([a.vector for a in answers], request.encoding), cached)
         return _labels(model.classify(list(given.texts), truncate=given.truncate))
+    if isinstance(given, kinds.ImageInput) and model.manifest.io.kind == "image-detector":
+        return Outcome(proto.Body(_detections(model.detect(frames_to_pictures(given.images)))))
     if isinstance(given, kinds.ImageInput):
         batch = frames_to_batch(given.images, image=_image_spec(model.manifest))  # [N, H, W, 3]
         return _labels(model.classify(batch))

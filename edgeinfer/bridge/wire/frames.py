@@ -18,11 +18,12 @@ from edgeinfer.errors import InputError
 from edgeinfer.package_io import ImageSpec
 from edgeinfer.runtime.pictures import MAX_PIXELS, fit, pil
 
-__all__ = ["MAX_PIXELS", "frames_to_batch"]
+__all__ = ["MAX_PIXELS", "frames_to_batch", "frames_to_pictures"]
 
 
-def _decode(fmt: str, data: bytes, size: tuple[int, int]) -> Any:
-    """A Pillow RGB image from JPEG/PNG bytes (JPEG decoded at a reduced scale when larger)."""
+def _decode(fmt: str, data: bytes, size: tuple[int, int] | None) -> Any:
+    """A Pillow RGB image from JPEG/PNG bytes (JPEG decoded at a reduced scale when larger
+    than ``size``; None: at its own size)."""
     image_mod = pil()
     try:
         img = image_mod.open(io.BytesIO(data), formats=[fmt.upper()])
@@ -30,7 +31,8 @@ def _decode(fmt: str, data: bytes, size: tuple[int, int]) -> Any:
             raise InputError(
                 f"image is {img.width}x{img.height}; at most {MAX_PIXELS} pixels are decoded"
             )
-        img.draft("RGB", size)  # JPEG: decode at the smallest scale still >= the target
+        if size is not None:
+            img.draft("RGB", size)  # JPEG: decode at the smallest scale still >= the target
         return img.convert("RGB")
     except InputError:
         raise
@@ -63,3 +65,9 @@ def frames_to_batch(
         else:
             out[i] = fit(_decode(frame[0], frame[1], draft), image)
     return out
+
+
+def frames_to_pictures(frames: Sequence[np.ndarray | tuple[str, bytes]]) -> list[Any]:
+    """Each frame at its own size (a detector's boxes are in the frame's pixels): raw uint8
+    RGB [H, W, 3] arrays as they are, encoded images decoded to Pillow images."""
+    return [f if isinstance(f, np.ndarray) else _decode(f[0], f[1], None) for f in frames]

@@ -11,6 +11,7 @@ the package kind (``forms.py``): images, token ids or any tensors (``raw``).
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,11 @@ from edgeinfer.errors import ConfigError, ParityError
 from edgeinfer.export import package
 from edgeinfer.export.builder import GraphBuilder
 from edgeinfer.export.context import Candidate
+from edgeinfer.export.gates.verdict import Verdict
 from edgeinfer.export.onnx_file import user_graph
-from edgeinfer.export.onnx_file.forms import Form, ImageForm, RawForm, TextForm
+from edgeinfer.export.onnx_file.detect import DetectForm
+from edgeinfer.export.onnx_file.forms import Form, ImageForm, TextForm
+from edgeinfer.export.onnx_file.raw import RawForm
 from edgeinfer.export.options import OnnxFileOptions
 from edgeinfer.export.passes import ort_compat, quantize
 from edgeinfer.export.passes.validate import Accuracy, load_candidate
@@ -58,10 +62,10 @@ def _quantized_ops(graph: Path) -> int:
 
 
 class OnnxFileBuilder(GraphBuilder):
-    """Any ONNX graph into an image-classifier, text or raw package."""
+    """Any ONNX graph into an image-classifier, image-detector, text or raw package."""
 
     name = "onnx-file"
-    tasks = ("classify", "embed", "raw")
+    tasks = ("classify", "embed", "raw", "detect")
     cpu_only = False
     options_type = OnnxFileOptions
 
@@ -81,8 +85,15 @@ class OnnxFileBuilder(GraphBuilder):
             user_graph.optimize(original, fp32_graph)
             if run.quant.fixed_batch is not None and isinstance(self.form, ImageForm):
                 ort_compat.fix_batch(fp32_graph, fp32_graph, batch=run.quant.fixed_batch)
-            quantized = run.quant.mode != "none"
-            fp32 = run.add(self.candidate("fp32", fp32_graph, "fp32", requested=not quantized))
+            given = self._given_integers(original)
+            quantized = run.quant.mode != "none" and not given
+            base = (
+                self.candidate("as-given", fp32_graph, "int8", requested=True,
+                               quantization={"mode": "as-given", "integer_nodes": given})
+                if given
+                else self.candidate("fp32", fp32_graph, "fp32", requested=not quantized)
+            )  # fmt: skip
+            fp32 = run.add(base)
             accuracy = self._measure(fp32)
             if not accuracy.is_parity():
                 raise ParityError(
@@ -102,11 +113,25 @@ class OnnxFileBuilder(GraphBuilder):
                         "(MatMul, Gemm, Conv, LSTM, ...): shipped fp32"
                     )
 
+    def _given_integers(self, original: Path) -> int:
+        """How many nodes of the user's graph already run in integers (0: a float graph); a
+        quantized graph ships as given, never quantized again."""
+        count = _quantized_ops(original)
+        if count:
+            self.run.report.warnings.append(
+                f"{original.name} is already quantized ({count} integer or QDQ nodes): shipped "
+                f"as given (precision int8), not quantized again"
+                + (f" by --quantize {self.run.quant.mode}" if self.run.quant.mode != "none" else "")
+            )
+        return count
+
     def _form(self, inputs: Any, outputs: Any) -> Form:
         task, name = self.run.task, self.run.source.onnx_file
         form = user_graph.input_form(inputs)
         if task == "raw":
             return RawForm(self.run, inputs, outputs)
+        if task == "detect":
+            return DetectForm(self.run, inputs, outputs)
         if form == "text":
             return TextForm(self.run, inputs, outputs)
         if form == "image" and task == "classify":
@@ -135,11 +160,37 @@ class OnnxFileBuilder(GraphBuilder):
             quantize.quantize_dynamic_any(fp32_graph, graph, quant)
             info.update(mode="int8-dynamic", per_channel=quant.per_channel)
         else:
+            upgraded = run.work / "fp32-qdq-opset.onnx"
+            old = user_graph.upgrade_opset(fp32_graph, upgraded)
+            if old is not None:
+                fp32_graph = upgraded
+                info["upgraded_from_opset"] = old
+                run.report.warnings.append(
+                    f"opset {old} upgraded to {user_graph.QDQ_MIN_OPSET} before static int8 "
+                    "(QDQ needs it); the fp32 variant keeps the original opset"
+                )
             feeds = self.form.calibration_feeds(fp32_graph, run.stage_candidate(fp32))
             quant = run.calibrated(len(feeds))
             kept = quantize.quantize_static_cnn(fp32_graph, graph, quant, feeds=feeds)
             info.update(quantize.static_info(quant, kept))
         return self.candidate(name, graph, name, requested=True, quantization=info)
+
+    def graph_files(self, name: str, graph: Path) -> dict[str, Path]:
+        """The graph and its external data files (a user's graph may keep its weights beside
+        it), those as copies: staging hard-links a candidate's files, and onnx refuses to load
+        external data with more than one link."""
+        files = super().graph_files(name, graph)
+        for location in package.external_data_files(graph):
+            if Path(location).name != location:
+                raise ConfigError(
+                    f"{graph.name} keeps weights in {location}, not beside it: save it with "
+                    "its external data in the graph's own folder"
+                )
+            copy = self.run.work / "external" / name / location
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(graph.parent / location, copy)
+            files[location] = copy
+        return files
 
     def graph_io(self, graph: Path) -> PackageIO:
         return self.form.io(graph)
@@ -148,11 +199,11 @@ class OnnxFileBuilder(GraphBuilder):
         with load_candidate(self.run.stage_candidate(candidate), self.run.threads) as model:
             return self.form.evaluate(model)
 
-    def _measure(self, candidate: Candidate) -> Accuracy:
+    def _measure(self, candidate: Candidate) -> Accuracy | Verdict:
         accuracy, details, where = self.form.score(self.reference, self._evaluate(candidate))
         value = (
-            f"relative error {1 - accuracy.mean:.4g}"
-            if accuracy.metric == "relative_error"
+            accuracy.summary(self.run.max_accuracy_loss)
+            if isinstance(accuracy, Verdict)
             else f"{accuracy.metric} {accuracy.mean:.4f}"
         )
         self.gate(
@@ -178,7 +229,7 @@ class OnnxFileBuilder(GraphBuilder):
             "reference": "onnx-fp32",
             "eval_data": self.form.eval_name,
             "max_accuracy_loss": self.run.max_accuracy_loss,
-            "fp32": variants["fp32"]["accuracy"],
+            "fp32": variants.get("fp32", {}).get("accuracy"),  # None: the graph was quantized
             "value": variants[chosen.name]["accuracy"],
         }
 

@@ -1,6 +1,6 @@
 """What the ``onnx-file`` builder does differently for each form of graph: images in
 (``image-classifier``), token ids in (``text-classifier``/``text-encoder``), anything else
-(``raw``, state carried per stream).
+(``raw``, state carried per stream: ``raw.py``).
 
 A form knows its package io, its held and calibration data (never the same samples: the
 user's eval data, else a held part of their calibration data, else the built-in held set),
@@ -19,21 +19,20 @@ import numpy as np
 from edgeinfer.errors import ConfigError
 from edgeinfer.export import package
 from edgeinfer.export.context import ExportContext
-from edgeinfer.export.data import tensors
 from edgeinfer.export.data.photos import builtin_images, read_images, split_images
 from edgeinfer.export.data.text import builtin_text, read_text_file, split_texts, text_feeds
+from edgeinfer.export.gates.verdict import Verdict
 from edgeinfer.export.labels import default_labels, read_labels
-from edgeinfer.export.onnx_file.user_graph import state_pairs
+from edgeinfer.export.onnx_file.user_graph import ends_in_softmax
 from edgeinfer.export.options import OnnxFileOptions
 from edgeinfer.export.passes import convert
-from edgeinfer.export.passes.validate import Accuracy, agreement, compare, relative_error, run_model
+from edgeinfer.export.passes.validate import Accuracy, agreement, compare, run_model
 from edgeinfer.export.vision.preprocessing import spec_from_processor, spec_from_table
 from edgeinfer.package_io import (
     ImageClassifierIO,
     ImageSpec,
     PackageIO,
-    RawIO,
-    StateSpec,
+    Scores,
     TensorSpec,
     TextClassifierIO,
     TextEncoderIO,
@@ -41,11 +40,9 @@ from edgeinfer.package_io import (
 from edgeinfer.runtime import Model
 from edgeinfer.runtime.tasks import prepare_images
 
-__all__ = ["Form", "ImageForm", "RawForm", "TextForm"]
+__all__ = ["Form", "ImageForm", "TextForm"]
 
 _PROBE_ITEMS = 3
-# Calls of tensor data calibrated on at most: MinMax ranges settle long before.
-_MAX_CALIBRATION_CALLS = 4096
 _BUILTIN = "builtin"
 
 
@@ -77,6 +74,25 @@ class Form(abc.ABC):
             return read_labels(source.path / "labels.txt", count=count)
         return default_labels(source.config, count)
 
+    def _photos(self, spec: ImageSpec, *, rotate: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(held, calibration) photos at ``spec``: --eval-data, else a held part of the
+        user's --calibration, else the built-in held views; never the same samples."""
+        opts = self.run.options
+        user = self._user_calibration()
+        own = read_images(user, size=spec) if user else None
+        if opts.eval_data:
+            held = read_images(opts.eval_data, size=spec)
+        elif own is not None:
+            own, held = split_images(own)
+            self.eval_name = f"{user} (held part)"
+        else:
+            held = builtin_images("gate", opts.held_count, size=spec, rotate=rotate)
+            self.eval_name = "builtin:photo-views" + ("-rotated" if rotate else "")
+        count = self.run.quant.calibration_size
+        if own is None:
+            own = builtin_images("calibration", count, size=spec, rotate=rotate)
+        return held, own
+
     @abc.abstractmethod
     def load(self) -> None:
         """Read the held (and calibration) data."""
@@ -90,7 +106,9 @@ class Form(abc.ABC):
         """The candidate's outputs on the held data."""
 
     @abc.abstractmethod
-    def score(self, reference: Any, candidate: Any) -> tuple[Accuracy, dict[str, Any], str]:
+    def score(
+        self, reference: Any, candidate: Any
+    ) -> tuple[Accuracy | Verdict, dict[str, Any], str]:
         """The gate's accuracy, the report's extra details, and where it was measured."""
 
     @abc.abstractmethod
@@ -107,6 +125,13 @@ class Form(abc.ABC):
         """A few held inputs for the package's smoke check."""
 
 
+def _scores(run: ExportContext) -> Scores:
+    """ "probabilities" for a user's graph that ends in a softmax (never softmaxed again);
+    read on the original, which every candidate computes (a quantized one ends in Q/DQ)."""
+    original = run.source.path / str(run.source.onnx_file)
+    return "probabilities" if ends_in_softmax(original) else "logits"
+
+
 def _classes(outputs: tuple[TensorSpec, ...]) -> int | None:
     dim = outputs[0].shape[-1] if outputs and outputs[0].shape else None
     return dim if isinstance(dim, int) and dim > 0 else None
@@ -116,25 +141,10 @@ class ImageForm(Form):
     """One float [N, 3, H, W] input, class logits out: an ``image-classifier`` package."""
 
     def load(self) -> None:
-        run, opts = self.run, self.run.options
+        run = self.run
         self.spec = self._spec()
         rotate = bool(run.source.recipe and run.source.recipe.data.get("views") == "rotated")
-        user = self._user_calibration()
-        own = read_images(user, size=self.spec) if user else None
-        if opts.eval_data:
-            self.held = read_images(opts.eval_data, size=self.spec)
-        elif own is not None:
-            own, self.held = split_images(own)
-            self.eval_name = f"{user} (held part)"
-        else:
-            self.held = builtin_images("gate", opts.held_count, size=self.spec, rotate=rotate)
-            self.eval_name = "builtin:photo-views" + ("-rotated" if rotate else "")
-        count = run.quant.calibration_size
-        self.calibration = (
-            own
-            if own is not None
-            else builtin_images("calibration", count, size=self.spec, rotate=rotate)
-        )
+        self.held, self.calibration = self._photos(self.spec, rotate=rotate)
         self.labels = self._labels(_classes(self.outputs) or 0)
 
     def _spec(self) -> ImageSpec:
@@ -165,6 +175,7 @@ class ImageForm(Form):
             outputs=outputs,
             labels=self.labels,
             image=self.spec,
+            scores=_scores(self.run),
         )
 
     def evaluate(self, model: Model) -> np.ndarray:
@@ -225,6 +236,7 @@ class TextForm(Form):
                 outputs=outputs,
                 max_seq_len=max_seq_len,
                 labels=self.labels,
+                scores=_scores(self.run),
             )
         rank, dim = len(outputs[0].shape), outputs[0].shape[-1]
         if rank not in (2, 3) or not isinstance(dim, int):
@@ -258,115 +270,3 @@ class TextForm(Form):
 
     def smoke_inputs(self) -> list[Any]:
         return list(self.held[:3])
-
-
-class RawForm(Form):
-    """Any graph: named tensors in and out; the state of a stateful graph per stream."""
-
-    def load(self) -> None:
-        opts = self.run.options
-        self.pairs = self._pairs()
-        state = {name for name, _ in self.pairs}
-        user = self._user_calibration()
-        stateful = bool(self.pairs)
-        own = tensors.read_streams(user, self.inputs, stateful=stateful) if user else None
-        if opts.eval_data:
-            self.held = tensors.read_streams(opts.eval_data, self.inputs, stateful=stateful)
-        elif own is not None:
-            own, self.held = tensors.split_held(own)
-            self.eval_name = f"{user} (held part)"
-        else:
-            raise ConfigError(
-                "a raw export is checked on your inputs: pass --eval-data FILE.npz|DIR (and "
-                "--calibration for int8-static), one array per input name (docs/onnx.md)"
-            )
-        self.calibration = own or []
-        for stream in [*self.held, *self.calibration]:
-            for call in stream:
-                if state & set(call):
-                    raise ConfigError(
-                        f"the data holds state inputs {sorted(state & set(call))}: leave them "
-                        "out, every stream's state starts as zeros"
-                    )
-        self.state = self._measure_state()
-        self.eval_name += f" ({tensors.describe(self.held)['calls']} calls)"
-
-    def _pairs(self) -> list[tuple[str, str]]:
-        recipe = self.run.source.recipe
-        given = self.options.state or (tuple(recipe.onnx.get("state", ())) if recipe else ())
-        return state_pairs(self.inputs, self.outputs, given)
-
-    def _zeros(self) -> dict[str, np.ndarray]:
-        shapes = {s.name: s for s in self.inputs}
-        out = {}
-        for name, _ in self.pairs:
-            spec = shapes[name]
-            shape = [d if isinstance(d, int) and d > 0 else 1 for d in spec.shape]
-            out[name] = np.zeros(shape, np.dtype(spec.dtype))
-        return out
-
-    def _measure_state(self) -> tuple[StateSpec, ...]:
-        """Each state's shape, as the graph returns it on the first held call."""
-        if not self.pairs:
-            return ()
-        import onnxruntime
-
-        graph = self.run.source.path / str(self.run.source.onnx_file)
-        session = onnxruntime.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
-        names = [o.name for o in session.get_outputs()]
-        first = session.run(None, {**self.held[0][0], **self._zeros()})
-        values = dict(zip(names, first, strict=True))
-        return tuple(
-            StateSpec(input=i, output=o, dtype=str(values[o].dtype), shape=tuple(values[o].shape))
-            for i, o in self.pairs
-        )
-
-    def io(self, graph: Path) -> PackageIO:
-        inputs, outputs = package.read_io(graph)
-        return RawIO(graph=package.GRAPH_NAME, inputs=inputs, outputs=outputs, state=self.state)
-
-    def evaluate(self, model: Model) -> dict[str, np.ndarray]:
-        collected: dict[str, list[np.ndarray]] = {}
-        for index, stream in enumerate(self.held):
-            name = f"held-{index}"
-            for call in stream:
-                for key, value in model.run(call, stream=name).items():
-                    collected.setdefault(key, []).append(value)
-            model.end_stream(name)
-        return {k: np.stack(v) for k, v in collected.items()}
-
-    def score(self, reference: Any, candidate: Any) -> tuple[Accuracy, dict[str, Any], str]:
-        accuracy, errors = relative_error(reference, candidate)
-        details = {"relative_error": {k: round(v, 6) for k, v in errors.items()}}
-        return accuracy, details, f"{accuracy.count} held calls"
-
-    def calibration_feeds(self, graph: Path, staged: Path) -> list[dict[str, np.ndarray]]:
-        """Every calibration call with the state the graph really had there (run in fp32)."""
-        if not self.calibration:
-            raise ConfigError("int8-static needs --calibration data (tensors, docs/onnx.md)")
-        import onnxruntime
-
-        session = onnxruntime.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
-        names = [o.name for o in session.get_outputs()]
-        feeds = []
-        for stream in self.calibration:
-            state = self._zeros()
-            for call in stream:
-                feed = {**call, **state}
-                feeds.append(feed)
-                values = dict(zip(names, session.run(None, feed), strict=True))
-                state = {i: values[o] for i, o in self.pairs}
-        return feeds[:_MAX_CALIBRATION_CALLS]
-
-    def probe(self, model: Model) -> Callable[[], object]:
-        calls = self.held[0][:8]
-
-        def run() -> object:
-            outputs = [model.run(call, stream="probe") for call in calls]
-            model.end_stream("probe")
-            return outputs
-
-        return run
-
-    def smoke_inputs(self) -> list[Any]:
-        return [call for stream in self.held for call in stream][:3]

@@ -13,15 +13,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from edgeinfer.errors import ConfigError
+from edgeinfer.errors import ConfigError, ConversionError
 from edgeinfer.export.passes import ort_compat
 from edgeinfer.package_io import TensorSpec
 
-__all__ = ["InputForm", "check", "input_form", "metadata", "optimize", "state_pairs"]
+__all__ = [
+    "InputForm",
+    "check",
+    "ends_in_softmax",
+    "input_form",
+    "metadata",
+    "optimize",
+    "state_pairs",
+    "upgrade_opset",
+]
 
 log = logging.getLogger(__name__)
 
 InputForm = Literal["image", "text", "tensor"]
+# QDQ needs DequantizeLinear's per-channel ``axis`` (opset 13); older graphs are converted first.
+QDQ_MIN_OPSET = 13
 # Output names that carry an input's state to the next call: input name -> candidates.
 _STATE_SUFFIXES = ("N", "n", "_out", "_new", ".out", "_next", "out")
 
@@ -58,6 +69,23 @@ def metadata(graph: Path) -> dict[str, str]:
 
     model = onnx.load(str(graph), load_external_data=False)
     return {p.key: p.value for p in model.metadata_props}
+
+
+# Nodes that pass their input's values through unchanged (a softmax before them still holds).
+_PASS_THROUGH = ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast")
+
+
+def ends_in_softmax(graph: Path) -> bool:
+    """Whether the graph's first output is a ``Softmax`` (through reshapes): probabilities,
+    which a classifier reports as they are."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    producers = {out: node for node in model.graph.node for out in node.output}
+    node = producers.get(model.graph.output[0].name)
+    while node is not None and node.op_type in _PASS_THROUGH:
+        node = producers.get(node.input[0])
+    return node is not None and node.op_type == "Softmax"
 
 
 def input_form(inputs: Sequence[TensorSpec], state: Sequence[str] = ()) -> InputForm:
@@ -112,3 +140,27 @@ def optimize(graph: Path, out: Path) -> None:
     """onnxruntime's hardware-independent optimizations (constant folding, redundant nodes,
     fusions every CPU runs) and shape inference: ``ort_compat.preprocess``."""
     ort_compat.preprocess_any(graph, out)
+
+
+def upgrade_opset(graph: Path, out: Path) -> int | None:
+    """Write ``graph`` converted to opset ``QDQ_MIN_OPSET`` (``onnx.version_converter``) to
+    ``out`` when its opset is older; returns the old opset, None when it needs no upgrade."""
+    import onnx
+    from onnx import version_converter
+
+    model = onnx.load(str(graph))
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset >= QDQ_MIN_OPSET:
+        return None
+    try:
+        upgraded = version_converter.convert_version(model, QDQ_MIN_OPSET)
+        onnx.checker.check_model(upgraded)
+    except Exception as exc:  # the converter raises RuntimeError and its own errors
+        raise ConversionError(
+            f"{graph.name} is opset {opset}; static int8 (QDQ) needs opset {QDQ_MIN_OPSET} and "
+            f"onnx.version_converter could not convert it ({str(exc)[:300]}): re-export it at "
+            f"opset {QDQ_MIN_OPSET} or later, or use --quantize int8 (dynamic)"
+        ) from exc
+    onnx.save(upgraded, str(out))
+    log.info("%s upgraded from opset %d to %d for QDQ", graph.name, opset, QDQ_MIN_OPSET)
+    return int(opset)

@@ -25,7 +25,6 @@ __all__ = [
     "agreement",
     "compare",
     "load_candidate",
-    "relative_error",
     "run_model",
     "torch_reference",
 ]
@@ -39,8 +38,6 @@ MIN_COSINE_SLACK = 3.0
 # Image gates count views where fp32's top-1 probability leads the runner-up by >= 0.1: on a
 # near-tie any rounding flips the answer, and agreement there measures noise, not the model.
 DECIDED_MARGIN = 0.1
-# A raw graph's fp32 re-write (optimized) must reproduce the original this closely (relative L2).
-PARITY_MAX_RELATIVE = 1e-4
 
 
 @dataclass(frozen=True)
@@ -49,8 +46,7 @@ class Accuracy:
 
     ``metric`` is ``cosine`` (embeddings: ``mean``/``min`` over texts), ``label_agreement``
     or ``top1_agreement`` (classifiers: ``mean`` is the share of equal labels, ``min`` the
-    same), or ``relative_error`` (raw graphs: ``mean`` is 1 - the worst output's relative L2
-    error, ``min`` the same).
+    same). Raw graphs are judged output by output (``export/gates``).
     """
 
     metric: str
@@ -72,8 +68,6 @@ class Accuracy:
         """Whether an fp32 graph reproduces the reference (conversion is lossless)."""
         if self.metric == "cosine":
             return self.min >= PARITY_MIN_COSINE
-        if self.metric == "relative_error":
-            return self.mean >= 1.0 - PARITY_MAX_RELATIVE
         # with no decided input (count 0) the probabilities alone show parity
         decided = self.mean == 1.0 or self.count == 0
         return decided and (self.max_prob_diff or 0.0) <= PARITY_MAX_PROB_DIFF
@@ -125,22 +119,6 @@ def agreement(reference: np.ndarray, candidate: np.ndarray) -> tuple[Accuracy, f
         max_prob_diff=float(np.abs(reference - candidate).max()),
     )
     return accuracy, float(agree.mean())
-
-
-def relative_error(
-    reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray]
-) -> tuple[Accuracy, dict[str, float]]:
-    """Each output's L2 error relative to the reference's size, over every held call (outputs
-    stacked along their first axis); the gate takes the worst output."""
-    errors = {}
-    for name, want in reference.items():
-        got = candidate[name].astype(np.float64)
-        scale = max(float(np.linalg.norm(want)), 1e-12)
-        errors[name] = float(np.linalg.norm(got - want.astype(np.float64))) / scale
-    worst = max(errors.values())
-    count = len(next(iter(reference.values())))
-    accuracy = Accuracy(metric="relative_error", mean=1 - worst, min=1 - worst, count=count)
-    return accuracy, errors
 
 
 def compare(task: str, reference: np.ndarray, candidate: np.ndarray) -> Accuracy:

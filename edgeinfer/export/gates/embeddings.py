@@ -1,0 +1,54 @@
+"""Embeddings: cosine to fp32 per item, token states [B, S, D] mean-pooled over the positions
+the graph's own mask input keeps (padding never counts), vectors [B, D] as they are."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from edgeinfer.export.gates.verdict import OutputScore, Sample
+from edgeinfer.export.passes.validate import PARITY_MIN_COSINE
+
+__all__ = ["cosines", "embeddings"]
+
+
+def _pooled(values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """[B, D] vectors: masked mean over positions of [B, S, D], or [B, D] itself."""
+    values = values.astype(np.float64)
+    if values.ndim == 2:
+        return values
+    weights = (
+        np.ones(values.shape[:2]) if mask is None else mask.reshape(values.shape[:2]).astype(float)
+    )
+    total = np.einsum("bs,bsd->bd", weights, values)
+    return np.asarray(total / np.maximum(weights.sum(axis=1, keepdims=True), 1.0))
+
+
+def cosines(want: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """Row-wise cosine of [B, D] (two zero rows agree: 1.0)."""
+    norms = np.linalg.norm(want, axis=1) * np.linalg.norm(got, axis=1)
+    dots = np.sum(want * got, axis=1)
+    both_zero = (np.linalg.norm(want, axis=1) == 0) & (np.linalg.norm(got, axis=1) == 0)
+    return np.where(both_zero, 1.0, dots / np.maximum(norms, 1e-30))
+
+
+def embeddings(
+    output: str, reason: str, samples: Sequence[Sample], *, mask: str | None
+) -> OutputScore:
+    """Mean and minimum cosine over every held item."""
+    values = []
+    for sample in samples:
+        weights = sample.feeds.get(mask) if mask else None
+        values.append(cosines(_pooled(sample.want, weights), _pooled(sample.got, weights)))
+    cos = np.concatenate(values)
+    return OutputScore(
+        output=output,
+        metric="masked_cosine" if mask else "cosine",
+        reason=reason,
+        value=float(cos.mean()),
+        worst=float(cos.min()),
+        count=len(samples),
+        parity=float(cos.min()) >= PARITY_MIN_COSINE,
+        details={"items": len(cos), **({"mask": mask} if mask else {})},
+    )

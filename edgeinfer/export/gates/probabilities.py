@@ -1,0 +1,51 @@
+"""Outputs that already are probabilities (a graph ending in Softmax): top-1 agreement on the
+rows fp32 decides and the largest absolute difference, on the probabilities as they are (never
+softmaxed again)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from edgeinfer.export.gates.verdict import OutputScore, Sample
+from edgeinfer.export.passes.validate import DECIDED_MARGIN, PARITY_MAX_PROB_DIFF
+
+__all__ = ["looks_like_probabilities", "probabilities"]
+
+# How far from 1 a row may sum and still be probabilities (float32 softmax of many classes).
+_SUM_TOLERANCE = 1e-3
+
+
+def looks_like_probabilities(values: np.ndarray) -> bool:
+    """Whether ``values`` [..., C] (C >= 2) lie in [0, 1] and sum to 1 along the last axis."""
+    if values.ndim == 0 or values.shape[-1] < 2 or values.dtype.kind != "f" or not values.size:
+        return False
+    rows = values.reshape(-1, values.shape[-1]).astype(np.float64)
+    in_range = bool(rows.min() >= -1e-6 and rows.max() <= 1 + 1e-6)
+    return in_range and bool(np.all(np.abs(rows.sum(axis=1) - 1) <= _SUM_TOLERANCE))
+
+
+def probabilities(output: str, reason: str, samples: Sequence[Sample]) -> OutputScore:
+    """Top-1 agreement over the decided rows (every row when fp32 decides none)."""
+    want = np.concatenate([s.want.reshape(-1, s.want.shape[-1]) for s in samples])  # [R, C]
+    got = np.concatenate([s.got.reshape(-1, s.got.shape[-1]) for s in samples])
+    ranked = np.sort(want, axis=1)
+    decided = ranked[:, -1] - ranked[:, -2] >= DECIDED_MARGIN  # [R]
+    agree = want.argmax(axis=1) == got.argmax(axis=1)
+    judged = agree[decided] if decided.any() else agree
+    max_abs = float(np.abs(want.astype(np.float64) - got).max())
+    return OutputScore(
+        output=output,
+        metric="probabilities",
+        reason=reason,
+        value=float(judged.mean()),
+        count=len(samples),
+        parity=bool(judged.all()) and max_abs <= PARITY_MAX_PROB_DIFF,
+        details={
+            "top1_agreement_all_rows": round(float(agree.mean()), 6),
+            "decided_rows": int(decided.sum()),
+            "rows": len(agree),
+            "max_abs_error": round(max_abs, 6),
+        },
+    )

@@ -1,0 +1,95 @@
+"""The ``detect`` form of a user's graph: a YOLO-style detector as an ``image-detector``
+package. Pictures are letterboxed to the graph's size, RGB, scaled to 0-1 (ultralytics'
+preprocessing); the gate matches the candidate's detections (decoded and NMS'd by the runtime,
+as a device runs them) to fp32's on held photos: F1 (``export/gates/detections.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.errors import ConfigError
+from edgeinfer.export import package
+from edgeinfer.export.gates.detections import match_f1
+from edgeinfer.export.gates.verdict import Verdict
+from edgeinfer.export.onnx_file.forms import Form
+from edgeinfer.package_io import ImageDetectorIO, ImageSpec, PackageIO
+from edgeinfer.runtime import Model
+from edgeinfer.runtime.detect import DecodeConfig, Decoded, layout_of
+from edgeinfer.runtime.tasks import Detection, prepare_images
+
+__all__ = ["DetectForm"]
+
+_PROBE_ITEMS = 3
+
+
+def _decoded(found: list[Detection]) -> Decoded:
+    """Detections as arrays, labels by name."""
+    return Decoded(
+        boxes=np.array([d.box for d in found], np.float32).reshape(-1, 4),
+        scores=np.array([d.score for d in found], np.float32),
+        labels=np.array([d.label for d in found], object),
+    )
+
+
+class DetectForm(Form):
+    """One float [1, 3, H, W] input, a YOLO-style output [1, 4+C, N] or [1, N, 4+1+C]."""
+
+    def load(self) -> None:
+        run = self.run
+        shape = tuple(self.inputs[0].shape)
+        out = tuple(self.outputs[0].shape)
+        if len(shape) != 4 or not all(isinstance(d, int) and d > 0 for d in (*shape[2:], *out)):
+            raise ConfigError(
+                f"--task detect takes a graph of images [1, 3, H, W] with a fixed YOLO-style "
+                f"output [1, 4+C, N] or [1, N, 4+1+C]; this one takes {list(shape)} and gives "
+                f"{list(out)}"
+            )
+        self.layout = layout_of(tuple(int(d) for d in out))
+        attributes = min(int(out[1]), int(out[2]))
+        classes = attributes - (4 if self.layout == "attributes-first" else 5)
+        self.spec = ImageSpec(
+            height=int(shape[2]), width=int(shape[3]), mean=(0.0, 0.0, 0.0),
+            std=(255.0, 255.0, 255.0), resize="letterbox",
+        )  # fmt: skip
+        run.report.warnings.append(
+            "detector pictures are letterboxed to the graph's size, RGB, scaled to 0-1 "
+            "(ultralytics' preprocessing)"
+        )
+        self.held, self.calibration = self._photos(self.spec)
+        self.labels = self._labels(classes)
+
+    def io(self, graph: Path) -> PackageIO:
+        inputs, outputs = package.read_io(graph)
+        return ImageDetectorIO(
+            graph=package.GRAPH_NAME,
+            inputs=inputs,
+            outputs=outputs,
+            labels=self.labels,
+            image=self.spec,
+            layout=self.layout,
+        )
+
+    def evaluate(self, model: Model) -> list[Decoded]:
+        return [_decoded(model.detect(view)[0]) for view in self.held]
+
+    def score(self, reference: Any, candidate: Any) -> tuple[Verdict, dict[str, Any], str]:
+        name = self.outputs[0].name
+        reason = f"{name} of a detector package: its detections after NMS, matched to fp32's"
+        pairs = list(zip(reference, candidate, strict=True))
+        score = match_f1(name, reason, pairs, score_threshold=DecodeConfig().score_threshold)
+        return Verdict((score,)), {}, f"{len(self.held)} held photos"
+
+    def calibration_feeds(self, graph: Path, staged: Path) -> list[dict[str, np.ndarray]]:
+        name = self.inputs[0].name
+        return [{name: prepare_images(view[None], image=self.spec)} for view in self.calibration]
+
+    def probe(self, model: Model) -> Callable[[], object]:
+        views = list(self.held[:_PROBE_ITEMS])
+        return lambda: model.detect(views)
+
+    def smoke_inputs(self) -> list[Any]:
+        return list(self.held[:8])

@@ -1,0 +1,186 @@
+"""``image-detector`` packages, and detections from a YOLO-style graph output on the device:
+picture -> letterbox (or stretch) -> graph -> decode -> class-aware NMS -> boxes in the
+picture's own pixels.
+
+Two layouts are common in single-graph detectors (ultralytics exports):
+
+- ``attributes-first`` ``[1, 4+C, N]`` (YOLOv8/v11): per anchor cx, cy, w, h, then C class
+  scores;
+- ``anchors-first`` ``[1, N, 4+1+C]`` (YOLOv5): per anchor cx, cy, w, h, an objectness, then C
+  class scores (an anchor's score is objectness x class score).
+
+Boxes come out as ``[K, 4]`` x1, y1, x2, y2 in the graph's input pixels, with their scores
+``[K]`` and labels ``[K]`` (class indices), best first.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from edgeinfer import providers as eps
+from edgeinfer.errors import ConfigError, InputError
+from edgeinfer.manifest import Manifest
+from edgeinfer.package_io import ImageDetectorIO, ImageSpec
+from edgeinfer.runtime import pictures
+from edgeinfer.runtime.backends import Backend, BackendOptions
+from edgeinfer.runtime.session import GraphSession
+from edgeinfer.runtime.tasks import Detection, prepare_images
+
+__all__ = [
+    "DecodeConfig",
+    "Decoded",
+    "DetectBackend",
+    "Layout",
+    "decode",
+    "iou",
+    "layout_of",
+]
+
+Layout = Literal["attributes-first", "anchors-first"]
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How raw anchors become detections.
+
+    Args:
+        score_threshold: anchors scoring below are dropped (0.25: ultralytics' default).
+        iou_threshold: a box overlapping a better one of its class by more is suppressed
+            (0.45: ultralytics' default).
+        max_detections: detections kept per image at most (300: ultralytics' default).
+    """
+
+    score_threshold: float = 0.25
+    iou_threshold: float = 0.45
+    max_detections: int = 300
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One image's detections, best first: boxes [K, 4] xyxy, scores [K], labels [K]."""
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    labels: np.ndarray
+
+
+def layout_of(shape: tuple[int, ...]) -> Layout:
+    """The layout of a ``[1, A, N]`` or ``[1, N, A]`` output: anchors outnumber attributes."""
+    if len(shape) != 3 or min(shape[1:]) < 5:
+        raise InputError(
+            f"a detector output is [1, 4+C, N] or [1, N, 4+1+C]; this one is {list(shape)}"
+        )
+    return "attributes-first" if shape[1] < shape[2] else "anchors-first"
+
+
+def iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """Intersection over union of one xyxy box [4] with each of ``boxes`` [K, 4]."""
+    x1 = np.maximum(box[0], boxes[:, 0])
+    y1 = np.maximum(box[1], boxes[:, 1])
+    x2 = np.minimum(box[2], boxes[:, 2])
+    y2 = np.minimum(box[3], boxes[:, 3])
+    inter = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
+    area = (box[2] - box[0]) * (box[3] - box[1])
+    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    return np.asarray(inter / np.maximum(area + areas - inter, 1e-9))
+
+
+def decode(output: np.ndarray, config: DecodeConfig, layout: Layout | None = None) -> Decoded:
+    """The detections of one image's output ``[1, A, N]`` / ``[1, N, A]``."""
+    layout = layout or layout_of(tuple(output.shape))
+    anchors = output[0].T if layout == "attributes-first" else output[0]  # [N, A]
+    anchors = anchors.astype(np.float32)
+    if layout == "anchors-first":
+        classes = anchors[:, 5:] * anchors[:, 4:5]  # objectness x class score
+    else:
+        classes = anchors[:, 4:]
+    labels = classes.argmax(axis=1)  # [N]
+    scores = classes[np.arange(len(classes)), labels]
+    keep = scores >= config.score_threshold
+    centre, size = anchors[keep, :2], anchors[keep, 2:4]
+    boxes = np.concatenate([centre - size / 2, centre + size / 2], axis=1)
+    return _nms(boxes, scores[keep], labels[keep], config)
+
+
+def _nms(
+    boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, config: DecodeConfig
+) -> Decoded:
+    """Class-aware non-maximum suppression, best first, at most ``max_detections``."""
+    order = np.argsort(-scores, kind="stable")
+    kept: list[int] = []
+    suppressed = np.zeros(len(order), bool)
+    for rank, index in enumerate(order):
+        if suppressed[rank]:
+            continue
+        kept.append(int(index))
+        if len(kept) == config.max_detections:
+            break
+        rest = order[rank + 1 :]
+        same = labels[rest] == labels[index]
+        overlap = iou(boxes[index], boxes[rest]) > config.iou_threshold
+        suppressed[rank + 1 :] |= same & overlap
+    chosen = np.array(kept, np.int64)
+    return Decoded(boxes=boxes[chosen], scores=scores[chosen], labels=labels[chosen])
+
+
+class DetectBackend(Backend):
+    """An ``image-detector`` package: ``detect(images)`` -> detections per image."""
+
+    def __init__(self, path: Path, manifest: Manifest, options: BackendOptions) -> None:
+        super().__init__(path, manifest, options)
+        if options.cache or options.batching or options.prefix_cache:
+            raise ConfigError(f"{path.name} is a detector; load it without caches or batching")
+        self.io = manifest.io_as(ImageDetectorIO)
+        config = options.config
+        requested = eps.resolve(config.providers or tuple(manifest.providers))
+        self.session = GraphSession(path / self.io.graph, providers=requested, config=config)
+        self.providers = self.session.providers
+        self.config = DecodeConfig(
+            score_threshold=self.io.score_threshold,
+            iou_threshold=self.io.iou_threshold,
+            max_detections=self.io.max_detections,
+        )
+
+    def detect(self, images: Any, *, score_threshold: float | None = None) -> list[list[Detection]]:
+        """Each image's detections, best first, boxes in its own pixels."""
+        batch = isinstance(images, np.ndarray) and images.ndim == 4  # uint8 [N, H, W, 3]
+        items = list(images) if batch or isinstance(images, (list, tuple)) else [images]
+        if not items:
+            raise InputError("expected at least one image")
+        config = self.config
+        if score_threshold is not None:
+            config = DecodeConfig(score_threshold, config.iou_threshold, config.max_detections)
+        return [self._one(item, index, config) for index, item in enumerate(items)]
+
+    def _one(self, item: Any, index: int, config: DecodeConfig) -> list[Detection]:
+        picture = pictures.as_pil(item, index).convert("RGB")
+        pixels = prepare_images(pictures.fit(picture, self.io.image)[None], image=self.io.image)
+        started = time.perf_counter()
+        output = self.session.run({self.io.inputs[0].name: pixels})[0]  # [1, A, N] / [1, N, A]
+        elapsed_ms = (time.perf_counter() - started) * 1e3
+        self.metrics.observe("detect", "compute", elapsed_ms)
+        found = decode(output, config, self.io.layout)
+        boxes = _to_picture(found.boxes, picture.size, self.io.image)  # [K, 4]
+        labels = self.io.labels
+        return [
+            Detection(box=(b[0], b[1], b[2], b[3]), label=labels[int(k)], score=float(s))
+            for b, k, s in zip(boxes.tolist(), found.labels, found.scores, strict=True)
+        ]
+
+
+def _to_picture(boxes: np.ndarray, size: tuple[int, int], image: ImageSpec) -> np.ndarray:
+    """Boxes [K, 4] in the graph's input pixels -> the picture's (``size``: width, height),
+    clipped to it."""
+    w, h = size
+    if image.resize == "letterbox":
+        scale, left, top = pictures.letterbox(w, h, image)
+        shifted = boxes - np.array([left, top, left, top], np.float32)
+        out = shifted / scale
+    else:  # stretch
+        out = boxes * np.array([w / image.width, h / image.height] * 2, np.float32)
+    return np.clip(out, 0, np.array([w, h, w, h], np.float32))

@@ -1,0 +1,60 @@
+"""Detector packages (``--task detect``): a YOLO-layout graph exported as an image-detector,
+its detections in the picture's own pixels, as the graph and NMS give them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx_models import yolo_like
+
+import edgeinfer
+from edgeinfer.export.options import ExportOptions, OnnxFileOptions
+
+pytestmark = pytest.mark.slow  # each test runs an export
+
+
+def test_a_yolo_graph_becomes_a_detector_with_boxes_in_picture_pixels(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import onnxruntime
+
+    from edgeinfer.export.run import export
+    from edgeinfer.runtime import detect, pictures, smoke
+    from edgeinfer.runtime.tasks import prepare_images
+
+    graph = yolo_like(tmp_path / "yolo.onnx", size=32, boxes=(32, 0, 8, 4))
+    (tmp_path / "labels.txt").write_text("person\ncar\ndog\n")
+    out = tmp_path / "pkg"
+    labels = OnnxFileOptions(labels=tmp_path / "labels.txt")
+    report = export(ExportOptions(source=str(graph), out=out, task="detect", quantize="none",
+                                  held_count=8, builder=labels))  # fmt: skip
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert report.task == "detect" and manifest["io"]["kind"] == "image-detector"
+    assert manifest["io"]["layout"] == "attributes-first"
+    assert manifest["accuracy"]["value"]["outputs"]["output0"]["metric"] == "detection_f1"
+    picture = np.random.default_rng(0).integers(0, 256, size=(48, 80, 3), dtype=np.uint8)
+    with edgeinfer.load(out) as model:
+        (found,) = model.detect(picture)
+        smoke.check(model)
+        spec = model.manifest.io.image  # type: ignore[union-attr]
+    assert found and {d.label for d in found} <= {"person", "car", "dog"}
+    assert all(0 <= d.box[0] <= d.box[2] <= 80 and 0 <= d.box[1] <= d.box[3] <= 48 for d in found)
+    # the same pipeline by hand: letterbox, graph, decode + NMS, back to picture pixels
+    pixels = prepare_images(pictures.fit(pictures.as_pil(picture, 0), spec)[None], image=spec)
+    (output,) = onnxruntime.InferenceSession(str(graph)).run(None, {"images": pixels})
+    decoded = detect.decode(output, detect.DecodeConfig())
+    scale, left, top = pictures.letterbox(80, 48, spec)
+    want = np.clip((decoded.boxes - [left, top, left, top]) / scale, 0, [80, 48, 80, 48])
+    np.testing.assert_allclose([d.box for d in found], want, rtol=1e-5, atol=1e-3)
+    assert [d.score for d in found] == pytest.approx(decoded.scores.tolist())
+    from PIL import Image
+
+    from edgeinfer.cli import main
+
+    Image.fromarray(picture).save(tmp_path / "photo.png")
+    assert main(["detect", str(out), "--image", str(tmp_path / "photo.png"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["label"] for r in rows] == [d.label for d in found]
