@@ -41,6 +41,7 @@ from edgeinfer.manifest import Manifest
 from edgeinfer.runtime import (
     ClassificationResult,
     ClassifyModel,
+    Detection,
     DetectModel,
     EmbeddingResult,
     EmbedModel,
@@ -71,6 +72,7 @@ __all__ = [
     "ConversionError",
     "DeployRefusedError",
     "DetectModel",
+    "Detection",
     "EdgeInferError",
     "EmbedModel",
     "EmbeddingResult",

@@ -11,12 +11,13 @@ from edgeinfer.runtime.handles import (
 )
 from edgeinfer.runtime.metrics import MetricsSnapshot, render_prometheus
 from edgeinfer.runtime.model import Model, load
-from edgeinfer.runtime.tasks import ClassificationResult, EmbeddingResult
+from edgeinfer.runtime.tasks import ClassificationResult, Detection, EmbeddingResult
 
 __all__ = [
     "ClassificationResult",
     "ClassifyModel",
     "DetectModel",
+    "Detection",
     "EmbedModel",
     "EmbeddingResult",
     "ExitPolicy",
