@@ -38,6 +38,7 @@ from edgeinfer.runtime.tasks import ClassificationResult, Detection, EmbeddingRe
 __all__ = ["ClassifyModel", "DetectModel", "EmbedModel", "GenerateModel", "RawModel"]
 
 H = TypeVar("H", bound="_Handle")
+T = TypeVar("T", bound="_TextHandle")
 
 
 class _Handle:
@@ -54,8 +55,19 @@ class _Handle:
         self.model = model
 
     @classmethod
-    def _load(cls: type[H], package: str | Path, **options: Any) -> H:
-        return cls(load(package, **options))
+    def load(
+        cls: type[H],
+        package: str | Path,
+        *,
+        providers: Sequence[str] | None = None,
+        threads: int | None = None,
+        verify: bool = True,
+        config: RuntimeConfig | None = None,
+    ) -> H:
+        """``edgeinfer.load`` for a package of this kind (``PackageError`` for another)."""
+        return cls(
+            load(package, providers=providers, threads=threads, verify=verify, config=config)
+        )
 
     @property
     def path(self) -> Path:
@@ -105,14 +117,12 @@ class _Handle:
         return f"{type(self).__name__}({self.model!r})"
 
 
-class EmbedModel(_Handle):
-    """An ``embed`` package: sentence embeddings."""
-
-    TASK = "embed"
+class _TextHandle(_Handle):
+    """Text kinds: loaded with optional result caches and dynamic batching."""
 
     @classmethod
-    def load(
-        cls,
+    def load(  # the text kinds take caches and batching too
+        cls: type[T],
         package: str | Path,
         *,
         providers: Sequence[str] | None = None,
@@ -121,17 +131,30 @@ class EmbedModel(_Handle):
         config: RuntimeConfig | None = None,
         cache: CacheConfig | None = None,
         batching: BatchConfig | None = None,
-    ) -> EmbedModel:
-        """``edgeinfer.load`` for an embed package (``PackageError`` for another task)."""
-        return cls._load(
-            package,
-            providers=providers,
-            threads=threads,
-            verify=verify,
-            config=config,
-            cache=cache,
-            batching=batching,
+    ) -> T:
+        """``edgeinfer.load`` for a package of this kind, with optional result caches and
+        dynamic batching (docs/cache.md); ``PackageError`` for another task."""
+        return cls(
+            load(
+                package,
+                providers=providers,
+                threads=threads,
+                verify=verify,
+                config=config,
+                cache=cache,
+                batching=batching,
+            )
         )
+
+    def clear_cache(self) -> None:
+        """Empty the result caches."""
+        self.model.clear_cache()
+
+
+class EmbedModel(_TextHandle):
+    """An ``embed`` package: sentence embeddings."""
+
+    TASK = "embed"
 
     def embed(
         self,
@@ -153,38 +176,11 @@ class EmbedModel(_Handle):
         """One ``EmbeddingResult`` per text (``Model.embed_with_info``)."""
         return self.model.embed_with_info(texts, batch_size=batch_size, truncate=truncate)
 
-    def clear_cache(self) -> None:
-        """Empty the result caches."""
-        self.model.clear_cache()
 
-
-class ClassifyModel(_Handle):
+class ClassifyModel(_TextHandle):
     """A ``classify`` package: texts or images to labels (optionally with early exit)."""
 
     TASK = "classify"
-
-    @classmethod
-    def load(
-        cls,
-        package: str | Path,
-        *,
-        providers: Sequence[str] | None = None,
-        threads: int | None = None,
-        verify: bool = True,
-        config: RuntimeConfig | None = None,
-        cache: CacheConfig | None = None,
-        batching: BatchConfig | None = None,
-    ) -> ClassifyModel:
-        """``edgeinfer.load`` for a classify package (``PackageError`` for another task)."""
-        return cls._load(
-            package,
-            providers=providers,
-            threads=threads,
-            verify=verify,
-            config=config,
-            cache=cache,
-            batching=batching,
-        )
 
     def classify(
         self,
@@ -204,10 +200,6 @@ class ClassifyModel(_Handle):
             exit_policy=exit_policy,
         )
 
-    def clear_cache(self) -> None:
-        """Empty the result caches."""
-        self.model.clear_cache()
-
 
 class GenerateModel(_Handle):
     """A ``generate`` package: KV-cached text generation and streaming."""
@@ -226,13 +218,15 @@ class GenerateModel(_Handle):
         prefix_cache: PrefixCacheConfig | None = None,
     ) -> GenerateModel:
         """``edgeinfer.load`` for a generate package (``PackageError`` for another task)."""
-        return cls._load(
-            package,
-            providers=providers,
-            threads=threads,
-            verify=verify,
-            config=config,
-            prefix_cache=prefix_cache,
+        return cls(
+            load(
+                package,
+                providers=providers,
+                threads=threads,
+                verify=verify,
+                config=config,
+                prefix_cache=prefix_cache,
+            )
         )
 
     def generate(
@@ -273,21 +267,6 @@ class DetectModel(_Handle):
 
     TASK = "detect"
 
-    @classmethod
-    def load(
-        cls,
-        package: str | Path,
-        *,
-        providers: Sequence[str] | None = None,
-        threads: int | None = None,
-        verify: bool = True,
-        config: RuntimeConfig | None = None,
-    ) -> DetectModel:
-        """``edgeinfer.load`` for a detect package (``PackageError`` for another task)."""
-        return cls._load(
-            package, providers=providers, threads=threads, verify=verify, config=config
-        )
-
     def detect(self, images: Any, *, score_threshold: float | None = None) -> list[list[Detection]]:
         """Each image's detections, boxes in its own pixels (``Model.detect``)."""
         return self.model.detect(images, score_threshold=score_threshold)
@@ -297,21 +276,6 @@ class RawModel(_Handle):
     """A ``raw`` package: named arrays in and out, optionally stateful per stream."""
 
     TASK = "raw"
-
-    @classmethod
-    def load(
-        cls,
-        package: str | Path,
-        *,
-        providers: Sequence[str] | None = None,
-        threads: int | None = None,
-        verify: bool = True,
-        config: RuntimeConfig | None = None,
-    ) -> RawModel:
-        """``edgeinfer.load`` for a raw package (``PackageError`` for another task)."""
-        return cls._load(
-            package, providers=providers, threads=threads, verify=verify, config=config
-        )
 
     def run(self, feeds: Mapping[str, Any], *, stream: str | None = None) -> dict[str, np.ndarray]:
         """Output name -> array for input name -> array (``Model.run``)."""
