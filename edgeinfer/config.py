@@ -382,33 +382,19 @@ class SamplingConfig:
     MAX_TEMPERATURE: ClassVar[float] = 100.0
 
     def __post_init__(self) -> None:
-        real = (int, float)
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, real):
-            raise ConfigError(f"temperature must be a number, got {self.temperature!r}")
-        if not (
-            self.temperature == 0.0
-            or self.MIN_TEMPERATURE <= self.temperature <= self.MAX_TEMPERATURE
-        ):
-            raise ConfigError(
-                f"temperature must be 0 (greedy) or in [{self.MIN_TEMPERATURE:g}, "
-                f"{self.MAX_TEMPERATURE:g}], got {self.temperature}"
-            )
-        for name in ("top_k", "draft_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"{name} must be an integer, got {value!r}")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if isinstance(self.top_p, bool) or not isinstance(self.top_p, real):
-            raise ConfigError(f"top_p must be a number, got {self.top_p!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.seed is not None and (
-            isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0
-        ):
+        t, lo, hi = self.temperature, self.MIN_TEMPERATURE, self.MAX_TEMPERATURE
+        if not _is_number(t, float) or not (t == 0.0 or lo <= t <= hi):
+            raise ConfigError(f"temperature must be 0 (greedy) or in [{lo:g}, {hi:g}], got {t!r}")
+        if not _is_number(self.top_k, int) or self.top_k < 0:
+            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not _is_number(self.top_p, float) or not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not _is_number(self.seed, int) or self.seed < 0):
             raise ConfigError(f"seed must be an integer >= 0, got {self.seed!r}")
-        if not 0 <= self.draft_tokens <= 64:
-            raise ConfigError(f"draft_tokens must be in [0, 64], got {self.draft_tokens}")
+        if not _is_number(self.draft_tokens, int) or not 0 <= self.draft_tokens <= 64:
+            raise ConfigError(
+                f"draft_tokens must be an integer in [0, 64], got {self.draft_tokens!r}"
+            )
 
     @property
     def greedy(self) -> bool:
@@ -419,3 +405,9 @@ class SamplingConfig:
     def creative(cls, *, seed: int | None = None) -> SamplingConfig:
         """Temperature 0.7, top-p 0.9: the common chat setting (varied, rarely incoherent)."""
         return cls(temperature=0.7, top_p=0.9, seed=seed)
+
+
+def _is_number(value: object, kind: type) -> bool:
+    """An int (``kind`` int) or an int or float (``kind`` float); never a bool."""
+    allowed = (int,) if kind is int else (int, float)
+    return isinstance(value, allowed) and not isinstance(value, bool)
