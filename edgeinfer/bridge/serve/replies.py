@@ -17,7 +17,7 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,15 @@ import numpy as np
 from edgeinfer.bridge.wire import kinds
 from edgeinfer.bridge.wire import protocol as proto
 
-__all__ = ["DedupStore", "Outgoing", "ReplyCache", "Stored", "cache_key", "epoch_ms"]
+__all__ = [
+    "DedupStore",
+    "Outgoing",
+    "ReplyCache",
+    "Stored",
+    "cache_key",
+    "epoch_ms",
+    "success_head",
+]
 
 
 def epoch_ms() -> float:
@@ -173,3 +181,28 @@ class ReplyCache:
     def __len__(self) -> int:
         with self._lock:
             return len(self._entries)
+
+
+def success_head(
+    request: proto.Request,
+    fields: Mapping[str, Any],
+    *,
+    cached: bool,
+    queue_ms: float,
+    compute_ms: float,
+    now_ms: float,
+) -> dict[str, Any]:
+    """A success reply's fields (``result`` is spliced in after them); ``slack_ms`` is what
+    was left of the deadline at ``now_ms``."""
+    deadline = request.deadline_ms
+    return {
+        "v": proto.PROTOCOL_VERSION,
+        "id": request.id,
+        "ok": True,
+        "model": request.model,
+        **fields,
+        "cached": cached,
+        "queue_ms": round(queue_ms, 3),
+        "compute_ms": round(compute_ms, 3),
+        "slack_ms": None if deadline is None else round(deadline - now_ms, 3),
+    }

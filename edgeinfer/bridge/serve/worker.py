@@ -24,6 +24,7 @@ from edgeinfer.bridge.serve.replies import (
     Stored,
     cache_key,
     epoch_ms,
+    success_head,
 )
 from edgeinfer.bridge.serve.serving import (
     ModelTable,
@@ -260,7 +261,9 @@ class Worker:
         if hit is None:
             return False
         fields, body = hit
-        head = self._head(item, fields, cached=True, queue_ms=0.0, compute_ms=0.0)
+        head = success_head(
+            item, fields, cached=True, queue_ms=0.0, compute_ms=0.0, now_ms=self._clock()
+        )
         stored = Stored(head, body)
         self.dedup.release(item.key, stored)
         with self._lock:
@@ -307,8 +310,13 @@ class Worker:
             "exit_layer": outcome.exit_layer,
             **outcome.extra,
         }
-        head = self._head(
-            request, fields, cached=outcome.cached, queue_ms=queue_ms, compute_ms=compute_ms
+        head = success_head(
+            request,
+            fields,
+            cached=outcome.cached,
+            queue_ms=queue_ms,
+            compute_ms=compute_ms,
+            now_ms=self._clock(),
         )
         key = None if self.reply_cache is None else cache_key(str(model.manifest.digest), request)
         if self.reply_cache is not None and key is not None:
@@ -329,32 +337,6 @@ class Worker:
         self.dedup.release(request.key, None)
         code, message = wire_error(exc, request_id=request.id)
         self._reply_request_error(request, code, message)
-
-    def _head(
-        self,
-        request: proto.Request,
-        fields: Mapping[str, Any],
-        *,
-        cached: bool,
-        queue_ms: float,
-        compute_ms: float,
-    ) -> dict[str, Any]:
-        """A success reply's fields (``result`` is spliced in after them)."""
-        return {
-            "v": proto.PROTOCOL_VERSION,
-            "id": request.id,
-            "ok": True,
-            "model": request.model,
-            **fields,
-            "cached": cached,
-            "queue_ms": round(queue_ms, 3),
-            "compute_ms": round(compute_ms, 3),
-            "slack_ms": (
-                None
-                if request.deadline_ms is None
-                else round(request.deadline_ms - self._clock(), 3)
-            ),
-        }
 
     def _send_to(self, request: proto.Request, payload: bytes) -> None:
         self._send(Outgoing(request.reply_to, payload, request.correlation, request.fmt))
