@@ -139,6 +139,7 @@ def test_a_camera_frame_is_classified_end_to_end(
     assert peer.final(bad)["error"]["code"] == "bad_request"
 
 
+@pytest.mark.slow  # it exports the detector in its body
 def test_a_frame_to_a_detector_is_answered_with_its_detections(
     serve: Any, peer: PahoPeer, tmp_path: Path
 ) -> None:
