@@ -151,3 +151,11 @@ def run_guarded(app: typer.Typer, argv: list[str]) -> int:
         console.print(f"[bold red]internal error[/]: {type(exc).__name__}: {exc}{hint}")
         return EXIT_USAGE
     return code if isinstance(code, int) else EXIT_OK
+
+
+# One connect timeout for every command that reaches a broker: a dead broker fails the command
+# within it (``broker_unavailable``, exit 2) instead of after the command's whole wait.
+ConnectTimeout = Annotated[
+    float, typer.Option(help="seconds to wait for the broker connection before giving up")
+]
+CONNECT_TIMEOUT_S = 10.0  # a broker on the LAN answers in milliseconds; 10 s covers a slow TLS

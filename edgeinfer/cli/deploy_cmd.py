@@ -18,7 +18,9 @@ from typing import Annotated, Any
 import typer
 
 from edgeinfer.cli.common import (
+    CONNECT_TIMEOUT_S,
     EXIT_CHECK_FAILED,
+    ConnectTimeout,
     MqttPassword,
     MqttPasswordFile,
     MqttUsername,
@@ -97,6 +99,7 @@ def deploy(
     password_file: MqttPasswordFile = None,
     tls_ca: TlsCa = None,
     timeout_s: Timeout = 600.0,
+    connect_timeout_s: ConnectTimeout = CONNECT_TIMEOUT_S,
     json_out: JsonOut = False,
 ) -> None:
     """Deploy a signed package to a device's bridge over MQTT."""
@@ -110,6 +113,7 @@ def deploy(
         name=as_name,
         chunk_bytes=chunk_kib * 1024,
         timeout_s=timeout_s,
+        connect_timeout_s=connect_timeout_s,
     )
     _report(outcome, json_out)
 
@@ -134,6 +138,7 @@ def rollback(
     password_file: MqttPasswordFile = None,
     tls_ca: TlsCa = None,
     timeout_s: Timeout = 300.0,
+    connect_timeout_s: ConnectTimeout = CONNECT_TIMEOUT_S,
     json_out: JsonOut = False,
 ) -> None:
     """Make a device serve NAME's previous package again (a signed order)."""
@@ -149,5 +154,6 @@ def rollback(
         to_version=to_version,
         expires_in_s=expires_in_s,
         timeout_s=timeout_s,
+        connect_timeout_s=connect_timeout_s,
     )
     _report(outcome, json_out)

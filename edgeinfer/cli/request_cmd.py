@@ -18,7 +18,9 @@ from typing import Annotated, Any
 import typer
 
 from edgeinfer.cli.common import (
+    CONNECT_TIMEOUT_S,
     EXIT_CHECK_FAILED,
+    ConnectTimeout,
     MqttPassword,
     MqttPasswordFile,
     MqttUsername,
@@ -88,9 +90,7 @@ def request(
     ] = 5.0,
     retries: Annotated[int, typer.Option(help="re-sends (same id) when no reply came")] = 2,
     backoff: Annotated[float, typer.Option(help="each wait is this many times the last")] = 2.0,
-    connect_timeout_s: Annotated[
-        float, typer.Option(help="seconds to wait for the broker connection")
-    ] = 10.0,
+    connect_timeout_s: ConnectTimeout = CONNECT_TIMEOUT_S,
 ) -> None:
     """Send one request to an ``edgeinfer serve`` bridge and print its reply as JSON."""
     from edgeinfer.bridge import Client, Connection

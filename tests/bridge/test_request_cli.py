@@ -104,6 +104,44 @@ def test_no_broker_exits_2() -> None:
     assert result.returncode == 2 and "(broker_unavailable)" in result.stderr
 
 
+@pytest.mark.parametrize("command", ["deploy", "rollback"])
+def test_deploy_and_rollback_against_no_broker_exit_2_within_the_connect_timeout(
+    command: str, tmp_path: Path
+) -> None:
+    """Not after their --timeout-s (600/300 s): the subprocess is killed long before that."""
+    from fast_packages import tiny_raw
+
+    from edgeinfer.cli import main
+
+    assert main(["keygen", "-o", str(tmp_path / "k")]) == 0
+    key = str(tmp_path / "k.key")
+    if command == "deploy":  # a real signed package: the command gets as far as connecting
+        package = tiny_raw(tmp_path / "pkg")
+        assert main(["sign", str(package), "--key", key, "--device", "d"]) == 0
+        target = ["deploy", str(package)]
+    else:
+        target = ["rollback", "minilm", "--key", key]
+    broker = f"mqtt://127.0.0.1:{free_port()}"  # nothing listens there
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgeinfer",
+            *target,
+            "--device-id",
+            "d",
+            "--broker",
+            broker,
+            "--connect-timeout-s",
+            "1",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "(broker_unavailable)" in result.stderr, result.stderr
+
+
 def test_no_reply_exits_2_after_the_retries(broker: Mosquitto, harness: Harness) -> None:
     # No bridge serves this device: every attempt goes unanswered.
     result = _request(

@@ -152,11 +152,14 @@ def deploy_package(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     timeout_s: float = 600.0,
     max_rounds: int = 5,
+    connect_timeout_s: float = 10.0,
 ) -> DeployOutcome:
     """Send a signed release to ``device_id``'s bridge and wait until it serves it (or not).
 
     Args:
         name: the served name (default: the one the release is signed for).
+        connect_timeout_s: no broker connection within this: ``BrokerUnavailableError`` then
+            (``timeout_s`` is for the device's answer).
 
     Raises:
         ConfigError: the package is not signed as a release, or does not verify here already.
@@ -185,7 +188,12 @@ def deploy_package(
         raise ConfigError(f"the manifest and signature exceed {MAX_CONTROL_BYTES} bytes")
     plan = chunk_plan(manifest.files, chunk_bytes)
     deadline = time.monotonic() + timeout_s
-    link = _Link(connection, f"{topic_prefix}/{device_id}", os.urandom(8).hex(), timeout_s)
+    link = _Link(
+        connection,
+        f"{topic_prefix}/{device_id}",
+        os.urandom(8).hex(),
+        min(timeout_s, connect_timeout_s),
+    )
     sent = 0
     try:
         status = link.request(begin, deadline)
@@ -233,11 +241,17 @@ def rollback_package(
     to_version: int | None = None,
     expires_in_s: float = DEFAULT_ROLLBACK_EXPIRES_S,
     timeout_s: float = 300.0,
+    connect_timeout_s: float = 10.0,
 ) -> DeployOutcome:
     """Make ``device_id``'s bridge serve ``name``'s previous package again, by an order
     signed with ``key`` naming that package (``to_digest``/``to_version``; default: the
     previous digest the device's status reports)."""
-    link = _Link(connection, f"{topic_prefix}/{device_id}", os.urandom(8).hex(), timeout_s)
+    link = _Link(
+        connection,
+        f"{topic_prefix}/{device_id}",
+        os.urandom(8).hex(),
+        min(timeout_s, connect_timeout_s),
+    )
     try:
         deadline = time.monotonic() + timeout_s
         if to_digest is None and to_version is None:
