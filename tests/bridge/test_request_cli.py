@@ -134,7 +134,7 @@ def test_deploy_and_rollback_against_no_broker_exit_2_within_the_connect_timeout
             broker,
             "--connect-timeout-s",
             "1",
-        ],  # fmt: skip
+        ],
         capture_output=True,
         text=True,
         timeout=60,
