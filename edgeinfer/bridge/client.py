@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from edgeinfer.bridge.connection import Connection, Handshake, connect_async, new_paho_client
 from edgeinfer.bridge.wire import protocol as proto
@@ -28,10 +28,28 @@ if TYPE_CHECKING:
     from paho.mqtt.client import ConnectFlags, MQTTMessage
     from paho.mqtt.properties import Properties
     from paho.mqtt.reasoncodes import ReasonCode
+    from typing_extensions import Unpack  # annotations only: no runtime dependency
 
-__all__ = ["Client", "raise_for_error"]
+__all__ = ["Client", "RequestOptions", "raise_for_error"]
 
 log = logging.getLogger(__name__)
+
+
+class RequestOptions(TypedDict, total=False):
+    """``Client.submit``'s keyword arguments, for ``Client.request`` (see ``submit``)."""
+
+    text: str | None
+    texts: list[str] | None
+    request_id: str | None
+    timeout_ms: float | None
+    deadline_ms: float | None
+    params: dict[str, Any] | None
+    fields: dict[str, Any] | None
+    on_chunk: Callable[[dict[str, Any]], None] | None
+    attempt_timeout_s: float
+    retries: int
+    backoff: float
+    busy_wait_s: float
 
 
 @dataclass
@@ -207,41 +225,12 @@ class Client:
         )
 
     def request(
-        self,
-        model: str,
-        *,
-        text: str | None = None,
-        texts: list[str] | None = None,
-        request_id: str | None = None,
-        timeout_ms: float | None = None,
-        deadline_ms: float | None = None,
-        params: dict[str, Any] | None = None,
-        fields: dict[str, Any] | None = None,
-        on_chunk: Callable[[dict[str, Any]], None] | None = None,
-        attempt_timeout_s: float = 2.0,
-        retries: int = 3,
-        backoff: float = 2.0,
-        busy_wait_s: float = 0.05,
-        raise_on_error: bool = False,
+        self, model: str, *, raise_on_error: bool = False, **options: Unpack[RequestOptions]
     ) -> dict[str, Any]:
-        """``submit(...)`` then wait for the reply (``RequestTimeoutError`` after the last
-        try); ``raise_on_error`` raises ``ReplyError`` for an error reply instead of
+        """``submit(model, **options)`` then wait for the reply (``RequestTimeoutError`` after
+        the last try); ``raise_on_error`` raises ``ReplyError`` for an error reply instead of
         returning it (its ``wire_code`` is the reply's ``error.code``)."""
-        reply = self.submit(
-            model,
-            text=text,
-            texts=texts,
-            request_id=request_id,
-            timeout_ms=timeout_ms,
-            deadline_ms=deadline_ms,
-            params=params,
-            fields=fields,
-            on_chunk=on_chunk,
-            attempt_timeout_s=attempt_timeout_s,
-            retries=retries,
-            backoff=backoff,
-            busy_wait_s=busy_wait_s,
-        ).result()
+        reply = self.submit(model, **options).result()
         return raise_for_error(reply) if raise_on_error else reply
 
     def send_raw(
