@@ -29,6 +29,7 @@ __all__ = [
     "DistributionSize",
     "MemoryUsage",
     "ServingFootprint",
+    "breakdown_of",
     "distribution_sizes",
     "loaded_distributions",
     "measure_serving",
@@ -284,12 +285,11 @@ def measure_serving(package: str | Path, *, threads: int | None = None) -> Servi
     else:
         model.embed(list(SAMPLE_TEXTS))
     serving = memory_usage()
-    inside = str(folder.resolve()) + "/"
-    file_weights = sum(
-        m.rss_bytes - m.anonymous_bytes for m in memory.mappings() if m.path.startswith(inside)
-    )
+    found = breakdown_of(
+        folder, libraries, serving, tokenizer=tokenizer, kv_bytes_per_token=kv_per_token,
+        kv_tokens=kv_tokens,
+    )  # fmt: skip
     model.close()
-    kv = kv_per_token * kv_tokens
     return ServingFootprint(
         package=str(package),
         task=model.task,
@@ -297,17 +297,38 @@ def measure_serving(package: str | Path, *, threads: int | None = None) -> Servi
         libraries=libraries,
         serving=serving,
         distributions=tuple(distribution_sizes(loaded_distributions())),
-        breakdown=Breakdown(
-            runtime_and_python=libraries.rss_bytes,
-            tokenizer=tokenizer,
-            file_weights=file_weights,
-            anonymous_weights=max(
-                0, serving.anonymous_bytes - libraries.anonymous_bytes - tokenizer - kv
-            ),
-            kv_cache=kv,
-            other_files=max(0, serving.file_bytes - libraries.file_bytes - file_weights),
-            kv_bytes_per_token=kv_per_token,
+        breakdown=found,
+    )
+
+
+def breakdown_of(
+    package: Path,
+    libraries: MemoryUsage,
+    serving: MemoryUsage,
+    *,
+    tokenizer: int = 0,
+    kv_bytes_per_token: int = 0,
+    kv_tokens: int = 0,
+) -> Breakdown:
+    """Split ``serving`` (this process now) against ``libraries`` (after the imports): the
+    package's resident file pages, the tokenizer and KV cache as measured, the rest."""
+    from edgeinfer.runtime import memory
+
+    inside = str(Path(package).resolve()) + "/"
+    file_weights = sum(
+        m.rss_bytes - m.anonymous_bytes for m in memory.mappings() if m.path.startswith(inside)
+    )
+    kv = kv_bytes_per_token * kv_tokens
+    return Breakdown(
+        runtime_and_python=libraries.rss_bytes,
+        tokenizer=tokenizer,
+        file_weights=file_weights,
+        anonymous_weights=max(
+            0, serving.anonymous_bytes - libraries.anonymous_bytes - tokenizer - kv
         ),
+        kv_cache=kv,
+        other_files=max(0, serving.file_bytes - libraries.file_bytes - file_weights),
+        kv_bytes_per_token=kv_bytes_per_token,
     )
 
 

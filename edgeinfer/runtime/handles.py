@@ -3,7 +3,7 @@
 ``load()`` returns a ``Model``, which answers every call and raises ``ConfigError`` at run time
 for a call its kind does not serve. A handle makes that a type error instead: ::
 
-    embedder = EmbedModel.load("pkg/minilm-int8")   # PackageError if it is not an embed package
+    embedder = EmbedModel.load("pkg/my-embedder")   # PackageError if it is not an embed package
     vectors = embedder.embed(["pressure rising"])   # mypy knows there is no .generate here
 
 Each handle wraps a loaded ``Model`` (``EmbedModel(model)`` checks its task) and forwards to it;

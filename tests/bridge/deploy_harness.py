@@ -41,16 +41,6 @@ from edgeinfer.cli import main
 from edgeinfer.manifest import MANIFEST_NAME, Manifest, file_entries
 
 DEVICE = "field-7"
-_WRITTEN = {MANIFEST_NAME, "manifest.sig", "report.json"}  # copied, not linked
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    if Path(src).name in _WRITTEN:
-        shutil.copy2(src, dst)
-    else:
-        os.link(src, dst)
-
-
 def keypair(folder: Path, name: str, *, rotate_from: Path | None = None) -> tuple[Path, Path]:
     """``edgeinfer keygen`` (``--rotate-from``): the private and public key paths."""
     rotate = ["--rotate-from", str(rotate_from)] if rotate_from else []
@@ -77,7 +67,9 @@ def variant(
 ) -> Path:
     """A copy of ``source`` with extra listed files (a new digest), another target or smoke
     outputs that point the other way (``bad_smoke``), signed for DEVICE with ``key``."""
-    shutil.copytree(source, out, copy_function=_link_or_copy)
+    # Copied, never hard-linked: onnx refuses external data with more than one link, and a
+    # link here would break every later test that loads the shared package's graph.
+    shutil.copytree(source, out)
     for name, data in (extra or {}).items():
         (out / name).write_bytes(data)
     manifest = Manifest.read(out)
