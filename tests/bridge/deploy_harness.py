@@ -41,6 +41,8 @@ from edgeinfer.cli import main
 from edgeinfer.manifest import MANIFEST_NAME, Manifest, file_entries
 
 DEVICE = "field-7"
+
+
 def keypair(folder: Path, name: str, *, rotate_from: Path | None = None) -> tuple[Path, Path]:
     """``edgeinfer keygen`` (``--rotate-from``): the private and public key paths."""
     rotate = ["--rotate-from", str(rotate_from)] if rotate_from else []
