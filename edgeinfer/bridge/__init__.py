@@ -6,7 +6,7 @@ devices. docs/mqtt.md is the contract. Needs the ``mqtt`` extra (paho-mqtt, msgp
 cryptography); encoded images need the ``images`` extra (Pillow).
 """
 
-from edgeinfer.bridge.client import Client, raise_for_error
+from edgeinfer.bridge.client import Client
 from edgeinfer.bridge.connection import Connection, parse_broker_url
 from edgeinfer.bridge.ota.deploy import DeployConfig, Deployer
 from edgeinfer.bridge.ota.publish import DeployOutcome, deploy_package, rollback_package
@@ -15,6 +15,7 @@ from edgeinfer.bridge.ota.signing import TrustedKeys, generate_keypair
 from edgeinfer.bridge.serve.mqtt import Bridge
 from edgeinfer.bridge.serve.settings import BridgeConfig, default_client_id
 from edgeinfer.bridge.serve.worker import Worker
+from edgeinfer.bridge.wire.failures import raise_for_error
 from edgeinfer.bridge.wire.protocol import ERROR_CODES, PROTOCOL_VERSION, ErrorReply, Request
 
 __all__ = [

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from edgeinfer.bridge.connection import Connection, Handshake, connect_async, new_paho_client
 from edgeinfer.bridge.wire import protocol as proto
-from edgeinfer.errors import BridgeError, ConfigError, ReplyError, RequestTimeoutError
+from edgeinfer.bridge.wire.failures import raise_for_error
+from edgeinfer.errors import BridgeError, ConfigError, RequestTimeoutError
 
 if TYPE_CHECKING:
     from paho.mqtt.client import Client as PahoClient
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from paho.mqtt.reasoncodes import ReasonCode
     from typing_extensions import Unpack  # annotations only: no runtime dependency
 
-__all__ = ["Client", "RequestOptions", "raise_for_error"]
+__all__ = ["Client", "RequestOptions"]
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,9 @@ class Client:
         self._client: PahoClient = new_paho_client(connection)
         self._client.max_inflight_messages_set(1000)
         self._client.on_connect = self._on_connect
-        self._client.on_subscribe = self._on_subscribe
+        self._client.on_subscribe = lambda c, u, mid, reasons, p: self._handshake.subscribed(
+            reasons
+        )
         self._client.on_message = self._on_message
         self._resender = threading.Thread(
             target=self._resend_loop, name="edgeinfer-resend", daemon=True
@@ -352,16 +355,6 @@ class Client:
             return
         client.subscribe(self.reply_topic, qos=self.qos)
 
-    def _on_subscribe(
-        self,
-        client: PahoClient,
-        userdata: Any,
-        mid: int,
-        reasons: list[ReasonCode],
-        properties: Properties | None,
-    ) -> None:
-        self._handshake.subscribed(reasons)
-
     def _on_message(self, client: PahoClient, userdata: Any, message: MQTTMessage) -> None:
         props = getattr(message, "properties", None)
         fmt = proto.wire_format(getattr(props, "ContentType", None))
@@ -405,10 +398,3 @@ class Client:
                 return
             del self._pending[key]
         item.future.set_result(reply)
-
-
-def raise_for_error(reply: dict[str, Any]) -> dict[str, Any]:
-    """``reply`` when it says ``ok``; else ``ReplyError`` carrying its wire code."""
-    if reply.get("ok") is True:
-        return reply
-    raise ReplyError(reply)

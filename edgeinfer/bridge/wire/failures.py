@@ -1,4 +1,5 @@
-"""The one map from an exception raised while serving a request to its wire error.
+"""The one map from an exception raised while serving a request to its wire error, and back
+on the client side (``raise_for_error``: an error reply to a ``ReplyError``).
 
 The worker and the generation lanes both answer through it, so one failure gets one code
 wherever it happens: what the caller can fix (an input the model refuses, a bad sampling
@@ -10,11 +11,18 @@ logged with its traceback when it is not (a bug to report).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from edgeinfer.bridge.wire import protocol as proto
-from edgeinfer.errors import ConfigError, EdgeInferError, InputError, MissingDependencyError
+from edgeinfer.errors import (
+    ConfigError,
+    EdgeInferError,
+    InputError,
+    MissingDependencyError,
+    ReplyError,
+)
 
-__all__ = ["wire_error"]
+__all__ = ["raise_for_error", "wire_error"]
 
 log = logging.getLogger(__name__)
 
@@ -31,3 +39,10 @@ def wire_error(exc: Exception, *, request_id: str) -> tuple[str, str]:
         return proto.INTERNAL, f"{exc.code}: {exc}"
     log.error("request %r failed unexpectedly", request_id, exc_info=exc)
     return proto.INTERNAL, "internal error (the bridge's log has the traceback)"
+
+
+def raise_for_error(reply: dict[str, Any]) -> dict[str, Any]:
+    """``reply`` when it says ``ok``; else ``ReplyError`` carrying its wire code."""
+    if reply.get("ok") is True:
+        return reply
+    raise ReplyError(reply)
