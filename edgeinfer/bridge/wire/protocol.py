@@ -234,10 +234,13 @@ def _envelope(data: Mapping[str, Any]) -> tuple[str, str] | str:
 
 
 def _refusal(topic: str, policy: Callable[[str], str | None] | None) -> str | None:
-    """Why ``topic`` cannot take a reply (not a topic name, or refused by ``policy``)."""
+    """Why ``topic`` cannot take a reply: ``policy``'s verdict (which checks the name too),
+    or without one, whether it is a topic name at all."""
+    if policy is not None:
+        return policy(topic)
     if not valid_topic(topic):
         return "the reply topic must be a topic name (UTF-8, no '+', '#' or NUL, <= 65535 bytes)"
-    return None if policy is None else policy(topic)
+    return None
 
 
 def _raw_id(payload: bytes) -> dict[str, str]:
