@@ -379,6 +379,7 @@ _FIELDS = {
     "stop": _ANY,
     "first_token_timeout_ms": _ANY,
     "cancel": _ANY,
+    "chat": _ANY,
     "kind": st.one_of(st.sampled_from(["text", "image", "tensor", "generate", "cancel"]), _ANY),
     "v": _ANY,
     "encoding": _ANY,

@@ -146,5 +146,6 @@ def test_docs_block_runs_as_written(
         lines = run_js(name, text, port, tmp_path)
     else:
         lines = run_shell(text, port, tmp_path)
+    assert lines, f"the {name} block printed nothing"
     # The order of the parametrized runs is the docs' order: sh-5 cancels sh-3, answered.
     CHECKS[name](lines, vector=vector, rerun=lambda: run_shell(text, port, tmp_path))
