@@ -17,6 +17,7 @@ slows every engine alike; the table gives the medians over the rounds.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,6 @@ __all__ = [
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
 # Read one row per token, not whole: the embedding table and the rotary tables.
 _NOT_READ_PER_TOKEN = ("model.embed_tokens.weight", "cos_cache", "sin_cache")
-# Idle intra-op threads spin for a moment after a run; a pause keeps one engine's threads from
-# stealing cycles from the next.
-_SETTLE_S = 0.2
 
 
 def read_bandwidth_gbs(threads: int, mib: int = 512) -> float:
@@ -94,9 +92,9 @@ def bytes_per_token(graph: Path) -> int:
     return total
 
 
-def prompt_ids(package: Path) -> list[int]:
-    """The bench prompt as the package encodes it: ``PROMPT`` through its chat template, or
-    the message's text (with BOS when its tokenizer adds one) when it has none."""
+def prompt_ids(package: Path, messages: Sequence[Mapping[str, str]] = PROMPT) -> list[int]:
+    """A bench prompt as the package encodes it: ``messages`` through its chat template, or
+    the last message's text (with BOS when its tokenizer adds one) when it has none."""
     from tokenizers import Tokenizer
 
     from edgeinfer.runtime.generate.chat import render_chat
@@ -105,7 +103,7 @@ def prompt_ids(package: Path) -> list[int]:
     io = manifest.io_as(DecoderIO)
     tok = Tokenizer.from_file(str(package / io.tokenizer))
     chat = io.chat_format
-    text = render_chat(chat, PROMPT) if chat else PROMPT[-1]["content"]
+    text = render_chat(chat, messages) if chat else messages[-1]["content"]
     bos = manifest.tokens.get("bos")
     head = [int(bos)] if not chat and io.add_bos_token and bos is not None else []
     return head + list(tok.encode(text, add_special_tokens=False).ids)
@@ -167,27 +165,24 @@ def _measure(
 ) -> list[tuple[dict[str, Any], list[dict[str, Any]], dict[str, int]]]:
     """Each engine in its own process, the rounds interleaved: (load report, runs, RSS now and
     at its peak after the last round)."""
-    from edgeinfer.bench.runner import Candidate, _Worker
+    from edgeinfer.bench.runner import Candidate, interleaved_rounds
 
-    extra = {"prompt_ids": ids, "tokens": tokens}
-    workers: list[_Worker] = []
-    runs: list[list[dict[str, Any]]] = [[] for _ in engines]
-    rss: list[dict[str, int]] = [{} for _ in engines]
-    try:
-        for kind, path in engines:  # started one at a time: cold starts do not compete
-            candidate = Candidate(path.name, kind, path)  # type: ignore[arg-type]
-            module = "edgeinfer.bench.generation_worker"
-            workers.append(_Worker(candidate, [], threads, module=module, extra=extra))
-        for round_index in range(rounds):
-            for k, worker in enumerate(workers):
-                reply = worker.measure(1, 1 if round_index == 0 else 0)
-                runs[k].extend(reply["runs"])
-                rss[k] = {key: int(reply[key]) for key in ("rss_bytes", "peak_rss_bytes")}
-                time.sleep(_SETTLE_S)
-    finally:
-        for worker in workers:
-            worker.close()
-    return [(w.loaded, r, m) for w, r, m in zip(workers, runs, rss, strict=True)]
+    candidates = [Candidate(p.name, kind, p) for kind, p in engines]  # type: ignore[arg-type]
+    measured = interleaved_rounds(
+        candidates,
+        threads,
+        module="edgeinfer.bench.generation_worker",
+        extra={"prompt_ids": ids, "tokens": tokens},
+        rounds=rounds,
+    )
+    return [
+        (
+            loaded,
+            [run for reply in replies for run in reply["runs"]],
+            {key: int(replies[-1][key]) for key in ("rss_bytes", "peak_rss_bytes")},
+        )
+        for loaded, replies in measured
+    ]
 
 
 def source_gguf(package: Path) -> Path:

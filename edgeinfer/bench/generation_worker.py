@@ -12,7 +12,6 @@ can check that the engines compute the same thing.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -22,9 +21,10 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.bench.footprint import memory_usage
+from edgeinfer.bench.worker import open_channel, serve
 from edgeinfer.errors import EdgeInferError, MissingDependencyError
 
-__all__ = ["main"]
+__all__ = ["greedy_request", "llamacpp_server", "main"]
 
 Measure = Callable[[bool], dict[str, Any]]  # (with the token ids) -> one run
 
@@ -67,21 +67,28 @@ def _package(spec: dict[str, Any]) -> Measure:
     return measure
 
 
-def _llamacpp(spec: dict[str, Any]) -> Measure:
+def llamacpp_server(gguf: Path, *, slots: int, slot_tokens: int, threads: int) -> Any:
+    """llama.cpp's server (the ``xllamacpp`` wheel) on ``gguf``: ``slots`` parallel slots of
+    ``slot_tokens`` each (it splits ``n_ctx`` evenly across them), continuous batching on."""
     try:
         import xllamacpp
     except ImportError as exc:
         raise MissingDependencyError("xllamacpp", "llamacpp") from exc
 
-    ids, tokens, threads = list(spec["prompt_ids"]), int(spec["tokens"]), int(spec["threads"])
     params = xllamacpp.CommonParams()
-    params.model.path = str(spec["path"])
-    params.n_ctx = len(ids) + tokens + 2
-    params.n_parallel = 1
+    params.model.path = str(gguf)
+    params.n_parallel = slots
+    params.cont_batching = True
+    params.n_ctx = slots * slot_tokens
     params.cpuparams.n_threads = threads
     params.cpuparams_batch.n_threads = threads
-    server = xllamacpp.Server(params)
-    request = {
+    return xllamacpp.Server(params)
+
+
+def greedy_request(ids: list[int], tokens: int, *, stream: bool) -> dict[str, Any]:
+    """A completion request for llama.cpp: ``tokens`` decode tokens after the first, greedy,
+    eos ignored, a cold prefill."""
+    return {
         "prompt": ids,  # token ids: used as they are (no BOS added)
         "n_predict": tokens + 1,  # the first token comes from the prefill
         "samplers": ["top_k"],
@@ -89,8 +96,16 @@ def _llamacpp(spec: dict[str, Any]) -> Measure:
         "temperature": 0.0,
         "ignore_eos": True,
         "cache_prompt": False,  # a cold prefill every run
-        "stream": False,
+        "stream": stream,
     }
+
+
+def _llamacpp(spec: dict[str, Any]) -> Measure:
+    ids, tokens = list(spec["prompt_ids"]), int(spec["tokens"])
+    server = llamacpp_server(
+        Path(spec["path"]), slots=1, slot_tokens=len(ids) + tokens + 2, threads=int(spec["threads"])
+    )
+    request = greedy_request(ids, tokens, stream=False)
 
     def measure(with_tokens: bool) -> dict[str, Any]:
         # The ids come with the top-1 log-probabilities: a softmax over the vocabulary per
@@ -123,11 +138,7 @@ def _memory() -> dict[str, int]:
 
 def main() -> int:
     """Serve one engine until ``quit``; return the exit code."""
-    # The protocol owns the real stdout; anything else written to fd 1 (llama.cpp's C code
-    # included) goes to stderr.
-    channel = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    reply = open_channel()  # llama.cpp's C code writes to fd 1: it goes to stderr
     spec = json.loads(sys.stdin.readline())
     started = time.perf_counter()
     measure = _llamacpp(spec) if spec["kind"] == "llamacpp" else _package(spec)
@@ -135,11 +146,6 @@ def main() -> int:
     first = measure(True)
     path = Path(spec["path"])
     files = [path] if path.is_file() else [p for p in path.iterdir() if p.is_file()]
-
-    def reply(data: dict[str, Any]) -> None:
-        channel.write(json.dumps(data) + "\n")
-        channel.flush()
-
     reply(
         {
             "cold_start_ms": (time.perf_counter() - started) * 1e3,
@@ -148,14 +154,13 @@ def main() -> int:
             "loaded_rss_bytes": loaded_rss,
         }
     )
-    for line in sys.stdin:
-        command = json.loads(line)
-        if command["cmd"] == "quit":
-            break
-        for _ in range(int(command["warmup"])):
+
+    def block(runs: int, warmup: int) -> dict[str, Any]:
+        for _ in range(warmup):
             measure(False)
-        runs = [measure(False) for _ in range(int(command["runs"]))]
-        reply({"runs": runs, **_memory()})
+        return {"runs": [measure(False) for _ in range(runs)], **_memory()}
+
+    serve(reply, block)
     return 0
 
 

@@ -16,7 +16,15 @@ from edgeinfer.errors import ConfigError, EdgeInferError
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import ImageClassifierIO, TextClassifierIO, TextEncoderIO
 
-__all__ = ["BenchConfig", "BenchResult", "Candidate", "CandidateResult", "make_text", "run_bench"]
+__all__ = [
+    "BenchConfig",
+    "BenchResult",
+    "Candidate",
+    "CandidateResult",
+    "interleaved_rounds",
+    "make_text",
+    "run_bench",
+]
 
 # Plain English news prose; repeated as needed and cut to the requested token count.
 _PARAGRAPH = (
@@ -198,6 +206,32 @@ class _Worker:
             self._proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
             self._proc.stdin.close()
             self._proc.wait(timeout=30)
+
+
+def interleaved_rounds(
+    candidates: list[Candidate],
+    threads: int,
+    *,
+    module: str,
+    extra: dict[str, Any],
+    rounds: int,
+) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Each candidate in its own ``module`` process (``extra`` joins its spec), then ``rounds``
+    rounds of one run each (the first after one warm-up), interleaved: (the load report, the
+    replies) of each candidate."""
+    workers: list[_Worker] = []
+    replies: list[list[dict[str, Any]]] = [[] for _ in candidates]
+    try:
+        for candidate in candidates:  # started one at a time: cold starts do not compete
+            workers.append(_Worker(candidate, [], threads, module=module, extra=extra))
+        for round_index in range(rounds):
+            for k, worker in enumerate(workers):
+                replies[k].append(worker.measure(1, 1 if round_index == 0 else 0))
+                time.sleep(_SETTLE_S)
+    finally:
+        for worker in workers:
+            worker.close()
+    return [(w.loaded, r) for w, r in zip(workers, replies, strict=True)]
 
 
 def run_bench(subject: Candidate, baselines: list[Candidate], config: BenchConfig) -> BenchResult:

@@ -9,13 +9,39 @@ noisy machine slows every candidate alike. Commands: ``measure`` {runs} -> {late
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["main"]
+__all__ = ["main", "open_channel", "serve"]
+
+Reply = Callable[[dict[str, Any]], None]
+
+
+def open_channel() -> Reply:
+    """Keep the real stdout for the protocol and send anything else written to fd 1 (a C
+    library's output included) to stderr; returns the function that writes one reply."""
+    channel = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def reply(data: dict[str, Any]) -> None:
+        channel.write(json.dumps(data) + "\n")
+        channel.flush()
+
+    return reply
+
+
+def serve(reply: Reply, measure: Callable[[int, int], dict[str, Any]]) -> None:
+    """Answer each ``measure`` command (``measure(runs, warmup)``) until ``quit``."""
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["cmd"] == "quit":
+            break
+        reply(measure(int(command["runs"]), int(command["warmup"])))
 
 
 def _package_runner(spec: dict[str, Any]) -> Callable[[list[str]], object]:
@@ -45,34 +71,27 @@ def _torch_runner(spec: dict[str, Any]) -> Callable[[list[str]], object]:
 
 def main() -> int:
     """Serve one candidate until ``quit``; return the exit code."""
-    # The protocol owns stdout; anything a library prints while loading goes to stderr.
-    channel, sys.stdout = sys.stdout, sys.stderr
+    reply = open_channel()  # anything a library prints while loading goes to stderr
     spec = json.loads(sys.stdin.readline())
     texts: list[str] = spec["texts"]
     started = time.perf_counter()
     run = _torch_runner(spec) if spec["kind"] == "torch" else _package_runner(spec)
     run(texts)
-    cold_start_ms = (time.perf_counter() - started) * 1e3
+    reply({"cold_start_ms": (time.perf_counter() - started) * 1e3})
 
-    def reply(data: dict[str, Any]) -> None:
-        channel.write(json.dumps(data) + "\n")
-        channel.flush()
-
-    reply({"cold_start_ms": cold_start_ms})
-    for line in sys.stdin:
-        command = json.loads(line)
-        if command["cmd"] == "quit":
-            break
+    def measure(runs: int, warmup: int) -> dict[str, Any]:
         latencies = []
-        for _ in range(int(command["warmup"])):
+        for _ in range(warmup):
             run(texts)
-        for _ in range(int(command["runs"])):
+        for _ in range(runs):
             t0 = time.perf_counter()
             run(texts)
             latencies.append((time.perf_counter() - t0) * 1e3)
         # ru_maxrss is in KiB on Linux: the peak resident memory of this candidate's process.
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        reply({"latencies_ms": latencies, "peak_rss_bytes": peak_rss})
+        return {"latencies_ms": latencies, "peak_rss_bytes": peak_rss}
+
+    serve(reply, measure)
     return 0
 
 

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from edgeinfer.cli.common import EXIT_CHECK_FAILED, console, print_json
+from edgeinfer.errors import ConfigError
 
 __all__ = ["bench"]
 
@@ -29,6 +30,13 @@ def bench(
     threads: Annotated[int | None, typer.Option(help="threads for every candidate")] = None,
     rounds: Annotated[int, typer.Option(help="interleaved blocks per candidate")] = 5,
     tokens: Annotated[int, typer.Option(help="decode tokens (generate packages)")] = 64,
+    concurrency: Annotated[
+        str | None,
+        typer.Option(
+            help="generate packages: stream counts, e.g. 1,2,4,8: that many generations at once "
+            "(beside llama.cpp with as many slots when --baseline llama.cpp[:FILE] is given)"
+        ),
+    ] = None,
     min_speedup: Annotated[
         float | None, typer.Option(help="exit 1 if the p50 speedup over any baseline is lower")
     ] = None,
@@ -53,6 +61,19 @@ def bench(
         _bench_early_exit(package, threads, limit, plot=plot, json_output=json_output)
         return
     manifest = Manifest.read(package)
+    if concurrency is not None:
+        if manifest.task != "generate":
+            raise ConfigError(f"--concurrency takes a generate package; {package} is not one")
+        _bench_concurrency(
+            package,
+            _stream_counts(concurrency),
+            baseline or [],
+            config.thread_count,
+            tokens,
+            rounds=rounds,
+            json_output=json_output,
+        )
+        return
     if manifest.task == "generate":
         speedups = _bench_generate(
             package,
@@ -115,12 +136,7 @@ def _bench_generate(
     returns the subject's tokens/s speedup over each baseline."""
     from edgeinfer.bench import generation, report
 
-    ggufs = [
-        Path(name.split(":", 1)[1]) if ":" in name else generation.source_gguf(package)
-        for name in baselines
-        if name == "llama.cpp" or name.startswith("llama.cpp:")
-    ]
-    ggufs = list(dict.fromkeys(ggufs))  # a file named twice is measured once
+    ggufs = _ggufs(package, baselines)
     others = [Path(n) for n in baselines if n != "torch" and not n.startswith("llama.cpp")]
     torch_source = generation.source_spec(package) if "torch" in baselines else None
     with console.status(f"benchmarking generation of {package.name} …"):
@@ -151,6 +167,61 @@ def _bench_generate(
     else:
         console.print(report.generation_table(result), soft_wrap=True)
     return speedups
+
+
+def _ggufs(package: Path, baselines: list[str]) -> list[Path]:
+    """The GGUF files that ``--baseline llama.cpp[:FILE]`` names (bare: the package's source),
+    each once."""
+    from edgeinfer.bench.generation import source_gguf
+
+    ggufs = [
+        Path(name.split(":", 1)[1]) if ":" in name else source_gguf(package)
+        for name in baselines
+        if name == "llama.cpp" or name.startswith("llama.cpp:")
+    ]
+    return list(dict.fromkeys(ggufs))  # a file named twice is measured once
+
+
+def _stream_counts(text: str) -> list[int]:
+    """``--concurrency 1,2,4,8`` as stream counts."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError as exc:
+        raise ConfigError(f"--concurrency takes stream counts like 1,2,4,8, got {text!r}") from exc
+
+
+def _bench_concurrency(
+    package: Path,
+    counts: list[int],
+    baselines: list[str],
+    threads: int,
+    tokens: int,
+    *,
+    rounds: int,
+    json_output: bool,
+) -> None:
+    """C generations at once, beside llama.cpp with C slots (docs/generation.md)."""
+    from edgeinfer.bench.concurrency import concurrency_table, run_concurrency_bench
+
+    ggufs = _ggufs(package, baselines)
+    others = [b for b in baselines if b != "llama.cpp" and not b.startswith("llama.cpp:")]
+    if others or len(ggufs) > 1:
+        raise ConfigError(
+            "--concurrency compares with one llama.cpp file: --baseline llama.cpp[:FILE]"
+        )
+    with console.status(f"benchmarking {package.name} at {', '.join(map(str, counts))} streams …"):
+        result = run_concurrency_bench(
+            package,
+            concurrency=counts,
+            threads=threads,
+            tokens=tokens,
+            gguf=ggufs[0] if ggufs else None,
+            rounds=rounds,
+        )
+    if json_output:
+        print_json(result)
+    else:
+        console.print(concurrency_table(result), soft_wrap=True)
 
 
 def _bench_early_exit(
