@@ -7,6 +7,7 @@ The public API: ``load()`` a package written by ``edgeinfer export`` and call ``
 from edgeinfer.config import (
     BatchConfig,
     CacheConfig,
+    ContinuousBatchConfig,
     PrefixCacheConfig,
     QuantConfig,
     RuntimeConfig,
@@ -69,6 +70,7 @@ __all__ = [
     "ClassifyModel",
     "ConfigError",
     "ContextLengthExceededError",
+    "ContinuousBatchConfig",
     "ConversionError",
     "DeployRefusedError",
     "DetectModel",

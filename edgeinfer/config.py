@@ -20,6 +20,7 @@ __all__ = [
     "BatchConfig",
     "CacheConfig",
     "CalibrationMethod",
+    "ContinuousBatchConfig",
     "PrefixCacheConfig",
     "QuantConfig",
     "QuantMode",
@@ -198,6 +199,42 @@ class BatchConfig:
             raise ConfigError(f"bucket_tokens must be >= 1, got {self.bucket_tokens}")
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContinuousBatchConfig:
+    """Several generations of one ``generate`` package decoded together: one graph run per
+    step advances every active sequence (``runtime/generate/engine.py``).
+
+    Args:
+        max_sequences: sequences decoded at once; ``None``: two per core, at most 8 (on two
+            cores four streams give 2-2.5x one stream's tokens/s, eight add less and double
+            each stream's inter-token time). More requests wait their turn.
+        kv_budget_bytes: the KV cache all admitted sequences may need together (each needs
+            prompt + max_new_tokens positions); a sequence waits until it fits. ``None``: no
+            budget beyond ``max_sequences``.
+        prefill_chunk_tokens: a newcomer's prompt runs this many tokens between two decode
+            steps of the others; 64 keeps their inter-token gap within ~2 steps' time.
+    """
+
+    max_sequences: int | None = None
+    kv_budget_bytes: int | None = None
+    prefill_chunk_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_sequences is not None and not 1 <= self.max_sequences <= 256:
+            raise ConfigError(f"max_sequences must be in [1, 256], got {self.max_sequences}")
+        if self.kv_budget_bytes is not None and self.kv_budget_bytes < 1:
+            raise ConfigError(f"kv_budget_bytes must be >= 1, got {self.kv_budget_bytes}")
+        if self.prefill_chunk_tokens < 1:
+            raise ConfigError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
+
+    @property
+    def sequences(self) -> int:
+        """``max_sequences``, or two per core (at most 8) when it is ``None``."""
+        if self.max_sequences is not None:
+            return self.max_sequences
+        return max(1, min(8, 2 * (os.cpu_count() or 1)))
 
 
 @dataclass(frozen=True, kw_only=True)

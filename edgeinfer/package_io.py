@@ -202,6 +202,9 @@ class DecoderIO:
     # The int64 output [B, R] with the argmax of each computed logits row (greedy decoding
     # reads one integer per token instead of 49k floats); None: the graph has none.
     argmax_output: str | None = None
+    # The int64 input [1] that turns attention's extra row off (0) for batched one-token steps
+    # of several sequences; None: a graph that decodes one sequence at a time.
+    extra_row_input: str | None = None
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,14 @@ def serve(
     max_generate_queue: Annotated[
         int, typer.Option(help="generations waiting per generate model; more get 'busy'")
     ] = 4,
+    max_generations: Annotated[
+        int | None,
+        typer.Option(
+            help="generations decoded together per generate model (continuous batching; "
+            "default: two per core, at most 8)",
+            min=1,
+        ),
+    ] = None,
     reply_topic: Annotated[
         list[str] | None,
         typer.Option(
@@ -144,6 +152,7 @@ def serve(
         metrics_interval_s=metrics_interval_s,
         reply_cache_bytes=(reply_cache_mb if reply_cache_mb is not None else 64 * cache) << 20,
         max_generate_queue=max_generate_queue,
+        max_generations=max_generations,
         reply_topics=tuple(reply_topic or ()),
         availability=availability,
         ha_discovery_prefix=ha_discovery,
@@ -156,9 +165,15 @@ def serve(
     cache_config = edgeinfer.CacheConfig(directory=cache_dir) if cache else None
 
     def load(path: Path) -> Any:
-        task = edgeinfer.Manifest.read(path).task
-        cached = cache_config if task in ("embed", "classify") else None  # text answers only
-        return edgeinfer.load(path, threads=threads, config=runtime, cache=cached)
+        manifest = edgeinfer.Manifest.read(path)
+        cached = cache_config if manifest.task in ("embed", "classify") else None  # text only
+        return edgeinfer.load(
+            path,
+            threads=threads,
+            config=runtime,
+            cache=cached,
+            continuous_batching=generations_for(manifest, config.generations),
+        )
 
     models: dict[str, Any] = {name: load(path) for name, path in zip(names, packages, strict=True)}
     deploy = None
@@ -204,3 +219,24 @@ def serve(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     console.print("stopped")
+
+
+def generations_for(manifest: Any, generations: int) -> Any:
+    """The continuous batching a generate package is served with: ``generations`` slots
+    when its graph can batch and more than one is asked for, else ``None`` (one at a time)."""
+    import logging
+
+    from edgeinfer.config import ContinuousBatchConfig
+    from edgeinfer.package_io import DecoderIO
+
+    if manifest.task != "generate" or generations < 2:
+        return None
+    if not manifest.io_as(DecoderIO).extra_row_input:
+        logging.getLogger(__name__).warning(
+            "%s decodes one generation at a time (exported before continuous batching); "
+            "re-export it to serve %d at once",
+            manifest.name,
+            generations,
+        )
+        return None
+    return ContinuousBatchConfig(max_sequences=generations)

@@ -15,6 +15,7 @@ from typing import Any
 from edgeinfer.config import (
     BatchConfig,
     CacheConfig,
+    ContinuousBatchConfig,
     PrefixCacheConfig,
     RuntimeConfig,
     SamplingConfig,
@@ -38,8 +39,8 @@ class BackendOptions:
     Attributes:
         config: providers, threads, spinning, warm-up runs.
         metrics: where latencies, cache hits and exits are counted.
-        cache, batching, prefix_cache: the optional features (a backend refuses those its
-            kind cannot serve).
+        cache, batching, prefix_cache, continuous_batching: the optional features (a backend
+            refuses those its kind cannot serve).
         load: loads another package with the same settings (the semantic cache's embedder).
     """
 
@@ -48,6 +49,7 @@ class BackendOptions:
     cache: CacheConfig | None = None
     batching: BatchConfig | None = None
     prefix_cache: PrefixCacheConfig | None = None
+    continuous_batching: ContinuousBatchConfig | None = None
     load: Callable[[Path], Any] | None = None
 
 
@@ -55,9 +57,15 @@ class Backend:
     """The calls of one package kind, built from ``(path, manifest, options)``."""
 
     providers: list[str]
+    max_sequences = 1  # generations decoded at once (continuous batching: more)
 
     def __init__(self, path: Path, manifest: Manifest, options: BackendOptions) -> None:
         self.path, self.manifest, self.metrics = path, manifest, options.metrics
+        if options.continuous_batching is not None and manifest.io.kind != "decoder":
+            raise ConfigError(
+                "continuous batching decodes generate packages; load this "
+                f"{manifest.task!r} package without it (embed/classify batch with BatchConfig)"
+            )
 
     def _unsupported(self, call: str) -> ConfigError:
         return ConfigError(
@@ -129,6 +137,10 @@ class Backend:
     def clear_cache(self) -> None:
         """Empty the result caches (kinds without one: nothing to do)."""
 
+    def generation_stats(self) -> dict[str, Any] | None:
+        """The continuous-batching engine's figures; ``None`` for kinds without one."""
+        return None
+
     def close(self) -> None:
         """Release threads and files (kinds without any: nothing to do)."""
 
@@ -144,9 +156,19 @@ class GenerateBackend(Backend):
                 "generate package without them"
             )
         self.generator = Generator(
-            path, manifest, config=options.config, prefix_cache=options.prefix_cache
+            path,
+            manifest,
+            config=options.config,
+            prefix_cache=options.prefix_cache,
+            batching=options.continuous_batching,
         )
         self.providers = self.generator.providers
+        engine = self.generator.engine
+        self.max_sequences = 1 if engine is None else engine.max_sequences
+
+    def generation_stats(self) -> dict[str, Any] | None:
+        engine = self.generator.engine
+        return None if engine is None else engine.stats()
 
     def warm_up(self, runs: int) -> None:
         self.generator.warm_up(runs)
@@ -179,3 +201,6 @@ class GenerateBackend(Backend):
 
     def warm_prefix(self, prefix: str) -> int:
         return self.generator.warm_prefix(prefix)
+
+    def close(self) -> None:
+        self.generator.close()

@@ -22,6 +22,7 @@ import numpy as np
 from edgeinfer.config import (
     BatchConfig,
     CacheConfig,
+    ContinuousBatchConfig,
     PrefixCacheConfig,
     RuntimeConfig,
     SamplingConfig,
@@ -216,6 +217,7 @@ class GenerateModel(_Handle):
         verify: bool = True,
         config: RuntimeConfig | None = None,
         prefix_cache: PrefixCacheConfig | None = None,
+        continuous_batching: ContinuousBatchConfig | None = None,
     ) -> GenerateModel:
         """``edgeinfer.load`` for a generate package (``PackageError`` for another task)."""
         return cls(
@@ -226,6 +228,7 @@ class GenerateModel(_Handle):
                 verify=verify,
                 config=config,
                 prefix_cache=prefix_cache,
+                continuous_batching=continuous_batching,
             )
         )
 

@@ -19,6 +19,7 @@ import numpy as np
 from edgeinfer.config import (
     BatchConfig,
     CacheConfig,
+    ContinuousBatchConfig,
     PrefixCacheConfig,
     RuntimeConfig,
     SamplingConfig,
@@ -88,6 +89,7 @@ class Model:
         cache: CacheConfig | None = None,
         batching: BatchConfig | None = None,
         prefix_cache: PrefixCacheConfig | None = None,
+        continuous_batching: ContinuousBatchConfig | None = None,
         load_started_s: float | None = None,
         verify_ms: float = 0.0,
     ) -> None:
@@ -102,6 +104,7 @@ class Model:
             cache=cache,
             batching=batching,
             prefix_cache=prefix_cache,
+            continuous_batching=continuous_batching,
             load=lambda package: load(package, config=config),
         )
         self._backend = BACKENDS[manifest.io.kind](path, manifest, options)
@@ -253,6 +256,16 @@ class Model:
         """Forget ``stream``'s state: its next ``run`` starts afresh."""
         self._backend.end_stream(stream)
 
+    @property
+    def max_sequences(self) -> int:
+        """Generations this model decodes at once: ``continuous_batching``'s slots, else 1."""
+        return self._backend.max_sequences
+
+    def generation_stats(self) -> dict[str, Any] | None:
+        """Continuous batching now: active and waiting sequences, tokens/s over the last
+        10 s, inter-token p50/p99 and queue-wait p50 (ms), KV bytes; ``None`` without it."""
+        return self._backend.generation_stats()
+
     def metrics(self) -> MetricsSnapshot:
         """A snapshot of this model's latencies (p50/p95/p99), cold start and cache counts.
         ``edgeinfer.render_prometheus([model.metrics()])`` writes it for Prometheus."""
@@ -263,7 +276,7 @@ class Model:
         self._backend.clear_cache()
 
     def close(self) -> None:
-        """Stop the batching thread and close the cache file; later calls may fail."""
+        """Stop the batching threads and close the cache file; later calls may fail."""
         self._backend.close()
 
     def __enter__(self) -> Model:
@@ -289,6 +302,7 @@ def load(
     cache: CacheConfig | None = None,
     batching: BatchConfig | None = None,
     prefix_cache: PrefixCacheConfig | None = None,
+    continuous_batching: ContinuousBatchConfig | None = None,
 ) -> Model:
     """Load a model package, verify it, start its session and warm it up.
 
@@ -305,6 +319,8 @@ def load(
         batching: gather concurrent calls into dynamic batches; ``None``: each call runs alone.
         prefix_cache: keep a generate package's system-prompt keys/values on disk across
             restarts (see ``docs/generation.md``); ``None``: in memory only.
+        continuous_batching: decode several of a generate package's requests together (calls
+            from several threads share each graph run); ``None``: one at a time.
 
     Raises:
         ManifestError, IntegrityError, PackageError, ProviderError, ConfigError.
@@ -331,6 +347,7 @@ def load(
         cache=cache,
         batching=batching,
         prefix_cache=prefix_cache,
+        continuous_batching=continuous_batching,
         load_started_s=started,
         verify_ms=(time.perf_counter() - verified) * 1e3,
     )

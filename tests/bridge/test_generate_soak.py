@@ -1,6 +1,7 @@
-"""30 s of generate requests from a plain paho device, with ``kill -9`` of the broker in the
-middle: every request is answered, its chunks come in order and complete, and the model ran
-once per id (re-sent requests are answered from the de-duplication store, chunks included).
+"""30 s of generate requests from a plain paho device, four decoded at once (continuous
+batching), with ``kill -9`` of the broker in the middle: every request is answered, its chunks
+come in order and complete, and the model ran once per id (re-sent requests are answered from
+the de-duplication store, chunks included).
 
 The device re-sends (same id, same correlation) when no final message came within 3 s, or
 when the final came but a chunk is missing (a message the killed broker lost): the bridge
@@ -35,6 +36,7 @@ class CountingGenerator:
 
     def __init__(self, model: edgeinfer.Model) -> None:
         self.model, self.task, self.manifest = model, model.task, model.manifest
+        self.max_sequences = model.max_sequences
         self.runs: defaultdict[str, int] = defaultdict(int)
 
     def stream(self, prompt: str, **kwargs: Any) -> Any:
@@ -100,12 +102,14 @@ class Device:
 
 @pytest.mark.slow
 def test_generate_stream_survives_kill_9(own_broker: Mosquitto, tiny_decoder: Path) -> None:
-    model = CountingGenerator(edgeinfer.load(tiny_decoder, threads=1))
+    batching = edgeinfer.ContinuousBatchConfig(max_sequences=4)  # four decoded at once
+    model = CountingGenerator(edgeinfer.load(tiny_decoder, threads=1, continuous_batching=batching))
     config = BridgeConfig(
         connection=Connection(broker=own_broker.url, client_id="soak-bridge"),
         device_id="soak",
         metrics_interval_s=0,
         max_generate_queue=64,
+        max_generations=4,
     )
     bridge = Bridge({"tiny": model}, config=config).start()
     device = Device(own_broker.port)

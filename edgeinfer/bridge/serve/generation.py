@@ -1,7 +1,10 @@
-"""Generate requests: one generation at a time per model, a bounded queue, streamed chunks.
+"""Generate requests: several generations at once per model, a bounded queue, streamed chunks.
 
 Each generate model has a lane: a queue of at most ``max_queue`` requests (one more is
-answered ``busy``) and one thread. The thread streams the answer to the reply topic as
+answered ``busy``) and ``max_running`` threads. A model loaded with continuous batching decodes
+up to its ``max_sequences`` generations together (one graph run per token for all of them);
+the lane runs that many at once (a model without it: one). Each thread streams its answer to
+the reply topic as
 numbered chunks (``{"chunk": 0, "text": ...}``, ``1``, ...) while it is decoded, then sends
 one final message (``done: true``) with the full text, token counts, time to first token,
 tokens/s and the stop reason: ``eos``, ``stop`` (a stop string), ``length``
@@ -40,7 +43,7 @@ class _Cancelled(Exception):
 
 
 class GenerationLane:
-    """Serve one model's generate requests, one at a time.
+    """Serve one model's generate requests, up to ``max_running`` at once.
 
     Args:
         name: the model's name (its topic level).
@@ -49,6 +52,8 @@ class GenerationLane:
         send: publishes one payload to a request's reply topic (any thread).
         reply_error: answers a request with an error (and counts it).
         max_queue: generations waiting at most.
+        max_running: generations running at most (threads); the model's own
+            ``max_sequences`` caps it further.
         clock_ms: epoch-ms clock (deadlines).
         on_answer: called with the model name and the total ms of each final answer.
     """
@@ -62,6 +67,7 @@ class GenerationLane:
         send: Send,
         reply_error: Callable[[proto.Request, str, str], None],
         max_queue: int,
+        max_running: int = 1,
         clock_ms: Callable[[], float],
         on_answer: Callable[[str, float], None] | None = None,
     ) -> None:
@@ -75,15 +81,19 @@ class GenerationLane:
         self._clock = clock_ms
         self._queue: deque[proto.Request] = deque()
         self._cond = threading.Condition()  # guards the queue, _running, _cancel, _stopping
-        self._running: str | None = None
+        self._running: set[str] = set()
         self._cancel: set[str] = set()
         self._stopping = False
         self.generations = 0  # model runs started (the soak test checks one per id)
-        self._thread = threading.Thread(target=self._loop, name=f"edgeinfer-gen-{name}")
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"edgeinfer-gen-{name}-{i}")
+            for i in range(max_running)
+        ]
 
     def start(self) -> None:
-        """Start the lane's thread."""
-        self._thread.start()
+        """Start the lane's threads."""
+        for thread in self._threads:
+            thread.start()
 
     def stop(self, *, timeout_s: float) -> None:
         """Finish queued generations for up to ``timeout_s``, cancel the rest, join."""
@@ -91,15 +101,27 @@ class GenerationLane:
             self._stopping = True
             self._cond.notify_all()
             if not self._cond.wait_for(lambda: not self._queue and not self._running, timeout_s):
-                self._cancel.update([*(r.id for r in self._queue), self._running or ""])
-        if self._thread.is_alive():
-            self._thread.join()
+                self._cancel.update([*(r.id for r in self._queue), *self._running])
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join()
 
     @property
     def depth(self) -> int:
         """Generations waiting now."""
         with self._cond:
             return len(self._queue)
+
+    @property
+    def running(self) -> int:
+        """Generations running now."""
+        with self._cond:
+            return len(self._running)
+
+    def _capacity(self) -> int:
+        """How many generations may run now: the threads, capped by the model's slots."""
+        model = self._models.get(self.name)
+        return min(len(self._threads), int(getattr(model, "max_sequences", 1)))
 
     def submit(self, request: proto.Request) -> bool:
         """Queue a generation; False when the queue is full (the caller answers ``busy``)."""
@@ -114,7 +136,7 @@ class GenerationLane:
         """Cancel generation ``target``: ``queued``, ``running`` or ``unknown`` (finished,
         never seen, or on another model)."""
         with self._cond:
-            if self._running == target:
+            if target in self._running:
                 self._cancel.add(target)
                 return "running"
             for queued in self._queue:
@@ -128,11 +150,16 @@ class GenerationLane:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stopping or bool(self._queue))
+                self._cond.wait_for(
+                    lambda: (
+                        (self._stopping and not self._queue)
+                        or (bool(self._queue) and len(self._running) < self._capacity())
+                    )
+                )
                 if not self._queue:
                     return
                 request = self._queue.popleft()
-                self._running = request.id
+                self._running.add(request.id)
             try:
                 self._serve(request)
             except Exception as exc:  # a reply must go out whatever happened; the lane lives
@@ -140,7 +167,7 @@ class GenerationLane:
                 self._reply_error(request, *wire_error(exc, request_id=request.id))
             finally:
                 with self._cond:
-                    self._running = None
+                    self._running.discard(request.id)
                     self._cancel.discard(request.id)
                     self._cond.notify_all()
 

@@ -98,6 +98,7 @@ class Bridge:
             clock_ms=clock_ms,
             reply_cache_bytes=config.reply_cache_bytes,
             max_generate_queue=config.max_generate_queue,
+            max_generations=config.generations,
             streams=StreamTable(max_streams=config.max_streams, idle_s=config.stream_idle_s),
         )
         self.deployer = (

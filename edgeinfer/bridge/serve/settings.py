@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from edgeinfer.bridge.connection import Connection
 from edgeinfer.bridge.ota.staging import MAX_CHUNK_BYTES
 from edgeinfer.bridge.wire.values import MAX_TOPIC_BYTES, valid_topic
+from edgeinfer.config import ContinuousBatchConfig
 from edgeinfer.errors import ConfigError
 
 __all__ = ["TOPIC_LEVEL_BAD", "BridgeConfig", "default_client_id"]
@@ -47,7 +48,10 @@ class BridgeConfig:
         metrics_interval_s: seconds between metrics messages; 0 turns them off.
         reply_cache_bytes: answer a repeated deterministic request (same package and input)
             from memory without the worker hop; 0 (default) turns it off.
-        max_generate_queue: generations waiting per generate model (one runs at a time).
+        max_generate_queue: generations waiting per generate model (beyond those running).
+        max_generations: generations running at once per generate model, decoded together
+            when the model was loaded with continuous batching (``edgeinfer serve`` loads
+            generate packages so); ``None``: two per core, at most 8.
         max_streams: device streams of stateful models kept at once (least recent dropped).
         stream_idle_s: a stream without a request for this long starts afresh.
         reply_topics: topic filters a request's reply topic must match (a reply goes where the
@@ -73,13 +77,20 @@ class BridgeConfig:
     metrics_interval_s: float = 10.0
     reply_cache_bytes: int = 0
     max_generate_queue: int = 4
+    max_generations: int | None = None
     max_streams: int = 256
     stream_idle_s: float = 300.0
     reply_topics: tuple[str, ...] = ()
     availability: bool = False
     ha_discovery_prefix: str | None = None
 
+    @property
+    def generations(self) -> int:
+        """``max_generations``, or two per core (at most 8) when it is ``None``."""
+        return ContinuousBatchConfig(max_sequences=self.max_generations).sequences
+
     def __post_init__(self) -> None:
+        ContinuousBatchConfig(max_sequences=self.max_generations)  # its range check
         for name, level in (
             ("device_id", self.device_id),
             ("topic_prefix", self.topic_prefix),

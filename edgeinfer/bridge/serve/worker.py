@@ -61,6 +61,8 @@ class Worker:
         reply_cache_bytes: answer repeated deterministic requests (same package, same input)
             from memory in paho's thread, up to this many bytes; 0 turns it off.
         max_generate_queue: generations waiting per generate model; one more gets ``busy``.
+        max_generations: generations running at once per generate model (a model loaded
+            without continuous batching runs one).
         streams: the live device streams of stateful (tensor) models.
     """
 
@@ -75,18 +77,21 @@ class Worker:
         clock_ms: Callable[[], float] = epoch_ms,
         reply_cache_bytes: int = 0,
         max_generate_queue: int = 4,
+        max_generations: int = 1,
         streams: StreamTable | None = None,
     ) -> None:
-        if min(max_queue, dedup_size, threads, max_generate_queue) < 1 or reply_cache_bytes < 0:
+        limits = (max_queue, dedup_size, threads, max_generate_queue, max_generations)
+        if min(limits) < 1 or reply_cache_bytes < 0:
             raise ConfigError(
-                "max_queue, dedup_size, threads and max_generate_queue must each be >= 1, "
-                "reply_cache_bytes >= 0"
+                "max_queue, dedup_size, threads, max_generate_queue and max_generations must "
+                "each be >= 1, reply_cache_bytes >= 0"
             )
         self.models = models if isinstance(models, ModelTable) else ModelTable(models)
         self._send = send
         self._clock = clock_ms
         self.max_queue = max_queue
         self.max_generate_queue = max_generate_queue
+        self.max_generations = max_generations
         self.streams = streams or StreamTable()
         self.dedup = DedupStore(dedup_size)
         self.reply_cache = ReplyCache(reply_cache_bytes) if reply_cache_bytes else None
@@ -165,6 +170,7 @@ class Worker:
                     send=self._send_to,
                     reply_error=self._reply_request_error,
                     max_queue=self.max_generate_queue,
+                    max_running=self.max_generations,
                     clock_ms=self._clock,
                     on_answer=self.model_stats.record,
                 )

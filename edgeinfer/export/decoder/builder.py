@@ -201,6 +201,7 @@ class DecoderBuilder(Builder):
             kv_dtype=fields["kv_dtype"],
             logits_input=fields["logits_input"],
             argmax_output=fields["argmax_output"],
+            extra_row_input=fields["extra_row_input"],
         )
 
     def _candidate(

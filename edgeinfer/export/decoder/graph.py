@@ -14,7 +14,8 @@ directly from the weights, as onnxruntime-genai's model builder does, with
 Graph I/O (batch B, new tokens S, KV buffer length P, mask length T, logits kept R)::
 
     input_ids [B, S] int64, attention_mask [B, T] int64, position_ids [B, S] int64,
-    logits_to_keep [1] int64 (R), past_key_values.{i}.key|value [B, H_kv, P, D] float32
+    logits_to_keep [1] int64 (R), extra_row [1] int64 (1, or 0 for batched one-token steps),
+    past_key_values.{i}.key|value [B, H_kv, P, D] float32
     -> logits [B, R, V] float32, next_tokens [B, R] int64 (their argmax),
        present.{i}.key|value [B, H_kv, max(P, T), D] float32
 
@@ -27,7 +28,11 @@ several rows, and an int8-activation model amplifies that 1e-7 into logits that 
 so a one-token step and a many-token verification of drafted tokens would choose different
 greedy tokens at near-ties. With two rows or more everywhere, every position's logits and
 keys/values are the same bits however the tokens are grouped into runs (so ``present`` holds
-one position more than the mask: the cache needs one spare position).
+one position more than the mask: the cache needs one spare position). ``extra_row`` 0 turns the
+extra row off: onnxruntime's ``GroupQueryAttention`` refuses a batch of several sequences with
+more than one new row, so a batched decode step (one token for each of several sequences, see
+``runtime/generate/engine.py``) runs the plain single row, the same computation for every
+sequence of the batch.
 
 Logits are computed for the last R new positions only: a prompt needs its last row, a
 verification of drafted tokens every row; greedy decoding reads ``next_tokens`` and never
@@ -76,6 +81,7 @@ def io_fields(geo: DecoderGeometry, *, kv_dtype: str = "float32") -> dict[str, A
         "present_names": [[f"present.{i}.key", f"present.{i}.value"] for i in range(geo.layers)],
         "logits_input": "logits_to_keep",
         "argmax_output": "next_tokens",
+        "extra_row_input": "extra_row",
     }
 
 
@@ -205,7 +211,7 @@ def _attention(g: _Graph, i: int, x: str) -> str:
         attn = _cast(g, attn, TensorProto.FLOAT, f"{n}/ToFloat")
     g.node(
         "Slice",
-        [attn, "zero_i64", "minus_one_i64", "axes_1"],
+        [attn, "zero_i64", "new_rows", "axes_1"],
         [f"/l{i}/attn"],
         f"{n}/DropExtraRow",
     )
@@ -275,19 +281,41 @@ def _inputs(g: _Graph) -> str:
     # seqlens_k: [B] int32 = valid length + 1 - 1; total_sequence_length: scalar int32 =
     # max(T, valid length + 1): a bound within the runtime's cache buffer (T, its length,
     # holds the spare position), exact for a graph run without one (an empty past).
+    # With ``extra_row`` 0 there is no extra row: onnxruntime's GroupQueryAttention takes a
+    # batch of several sequences only one new row each, so batched decode steps run without it.
     g.const("zero_i64", np.array([0], np.int64))
-    g.const("minus_one_i64", np.array([-1], np.int64))
-    g.const("extra_row_pads", np.array([0, 0, 0, 0, 1, 0], np.int64))
+    g.const("zeros_3_i64", np.zeros(3, np.int64))
+    g.const("zeros_4_i64", np.zeros(4, np.int64))
+    g.node(
+        "Concat",
+        ["zeros_4_i64", "extra_row", "zero_i64"],
+        ["extra_row_pads"],
+        "/extra/RowPads",
+        axis=0,
+    )
+    g.node(
+        "Concat", ["zeros_3_i64", "extra_row"], ["extra_position_pads"], "/extra/PosPads", axis=0
+    )
+    g.node("Squeeze", ["extra_row"], ["extra_rows"], "/extra/Squeeze")
+    g.node("Sub", ["extra_rows", "one_scalar_i64"], ["extra_minus_one"], "/extra/Sub")
+    g.node("Shape", ["input_ids"], ["ids_shape"], "/extra/Shape")
+    g.node("Gather", ["ids_shape", "axes_1"], ["new_rows"], "/extra/NewRows", axis=0)
     g.node("ReduceSum", ["attention_mask", "axes_1"], ["mask_sum"], "/mask/ReduceSum", keepdims=0)
-    g.node("Cast", ["mask_sum"], ["seqlens_k"], "/mask/Cast", to=TensorProto.INT32)
+    g.node("Add", ["mask_sum", "extra_minus_one"], ["seqlens_64"], "/mask/SeqLens")
+    g.node("Cast", ["seqlens_64"], ["seqlens_k"], "/mask/Cast", to=TensorProto.INT32)
     g.node("Shape", ["attention_mask"], ["mask_shape"], "/mask/Shape")
     g.node("Gather", ["mask_shape", "idx_1"], ["mask_len"], "/mask/Gather", axis=0)
     g.node("ReduceMax", ["mask_sum"], ["valid_max"], "/mask/ReduceMax", keepdims=0)
-    g.node("Add", ["valid_max", "one_scalar_i64"], ["needed"], "/mask/Add")
+    g.node("Add", ["valid_max", "extra_rows"], ["needed"], "/mask/Add")
     g.node("Max", ["mask_len", "needed"], ["total_64"], "/mask/Max")
     g.node("Cast", ["total_64"], ["total_len"], "/mask/CastTotal", to=TensorProto.INT32)
-    pads = g.const("extra_position_pads", np.array([0, 0, 0, 1], np.int64))
-    g.node("Pad", ["position_ids", pads], ["position_ids_extra"], "/pos/ExtraRow", mode="edge")
+    g.node(
+        "Pad",
+        ["position_ids", "extra_position_pads"],
+        ["position_ids_extra"],
+        "/pos/ExtraRow",
+        mode="edge",
+    )
     return x
 
 
@@ -377,6 +405,7 @@ def build_graph(
         helper.make_tensor_value_info("attention_mask", i64, ["batch", "total_sequence"]),
         helper.make_tensor_value_info("position_ids", i64, ["batch", "sequence"]),
         helper.make_tensor_value_info("logits_to_keep", i64, [1]),
+        helper.make_tensor_value_info("extra_row", i64, [1]),
     ]
     outputs = [
         helper.make_tensor_value_info("logits", f32, ["batch", "kept", geo.vocab]),

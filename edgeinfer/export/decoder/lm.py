@@ -164,6 +164,8 @@ def full_logits(session: Any, io: DecoderIO, ids: Sequence[int]) -> np.ndarray:
     }
     if io.logits_input:
         feeds[io.logits_input] = np.array([s], np.int64)  # every position's logits
+    if io.extra_row_input:
+        feeds[io.extra_row_input] = np.ones(1, np.int64)
     empty = np.zeros((1, io.num_kv_heads, 0, io.head_dim), np.dtype(io.kv_dtype))
     for names in io.past_names:
         for name in names:

@@ -103,6 +103,7 @@ class Decoder:
         for name, binding in self._forward_bindings.items():
             binding.bind_output(name)  # bound first: output 0
             self.cache.bind(binding)
+            self._bind_extra_row(binding)
         self.prefix_reused = 0  # tokens the last prefill took from the cache
         self.run_seconds = 0.0  # time spent inside onnxruntime, for the bench's overhead figure
         self.lookup: PromptLookup | None = None  # the last request's prompt lookup
@@ -115,7 +116,14 @@ class Decoder:
         binding.bind_cpu_input("position_ids", self._position)
         if self.io.logits_input:
             binding.bind_cpu_input(self.io.logits_input, np.ones(1, np.int64))
+        self._bind_extra_row(binding)
         return binding
+
+    def _bind_extra_row(self, binding: Any) -> None:
+        """Attention's extra row on: a one-token step computes the bits a many-token run
+        does (see ``export/decoder/graph.py``)."""
+        if self.io.extra_row_input:
+            binding.bind_cpu_input(self.io.extra_row_input, np.ones(1, np.int64))
 
     def warm_up(self, runs: int) -> None:
         """Kernel selection and allocations before requests: ``runs`` one-token prefills and

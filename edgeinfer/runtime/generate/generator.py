@@ -11,20 +11,22 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.config import PrefixCacheConfig, RuntimeConfig, SamplingConfig
-from edgeinfer.errors import ContextLengthExceededError, InputError, PackageError
+from edgeinfer.config import (
+    ContinuousBatchConfig,
+    PrefixCacheConfig,
+    RuntimeConfig,
+    SamplingConfig,
+)
+from edgeinfer.errors import ConfigError, ContextLengthExceededError, InputError, PackageError
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import DecoderIO
 from edgeinfer.runtime import memory
 from edgeinfer.runtime.generate import prefix_store
 from edgeinfer.runtime.generate.chat import Prompt, render_chat
 from edgeinfer.runtime.generate.decoding import Decoder
-from edgeinfer.runtime.generate.streaming import (
-    GenerationResult,
-    StreamState,
-    TextChunk,
-    TextStream,
-)
+from edgeinfer.runtime.generate.engine import Engine
+from edgeinfer.runtime.generate.sequence import Sequence as Request
+from edgeinfer.runtime.generate.streaming import GenerationResult, TextChunk, TextStream
 
 __all__ = ["Generator"]
 
@@ -32,8 +34,10 @@ __all__ = ["Generator"]
 class Generator(Decoder):
     """Generate text with a ``generate`` package on onnxruntime.
 
-    Thread-safe: requests run one at a time (one KV cache); a stream holds the generator until
-    it is exhausted or closed.
+    Thread-safe. Without ``batching`` requests run one at a time (one KV cache, prompt lookup
+    on): a stream holds the generator until it is exhausted or closed. With ``batching``, up to
+    ``max_sequences`` requests are decoded together by one engine thread (``engine.Engine``)
+    and a stream holds nothing: an abandoned one frees its slot.
 
     Args:
         path: the package folder.
@@ -44,6 +48,8 @@ class Generator(Decoder):
         prefix_cache: keep system prompts' keys/values on disk across restarts (a chat's
             system message automatically, any text through ``warm_prefix``); ``None``: the
             prefix cache lives in memory only.
+        batching: decode several requests at once (continuous batching); ``None``: one at a
+            time. The package's graph must take ``extra_row`` (exported by this edgeinfer).
     """
 
     def __init__(
@@ -54,6 +60,7 @@ class Generator(Decoder):
         config: RuntimeConfig,
         context_length: int | None = None,
         prefix_cache: PrefixCacheConfig | None = None,
+        batching: ContinuousBatchConfig | None = None,
     ) -> None:
         from tokenizers import Tokenizer
 
@@ -82,6 +89,7 @@ class Generator(Decoder):
                 max_bytes=prefix_cache.max_bytes,
             )
         )
+        self.engine = None if batching is None else Engine(self, batching, decode=self.decode)
 
     # -- prompt --------------------------------------------------------------------------------
 
@@ -115,9 +123,12 @@ class Generator(Decoder):
         timeout_s: float | None = None,
     ) -> Iterator[TextChunk]:
         """Generate and yield text as it comes (see ``generate`` for the arguments)."""
-        state = StreamState()
+        request = self._request(prompt, max_new_tokens, sampling, stop, timeout_s, live=True)
+        if self.engine is not None:
+            yield from self.engine.add(request).chunks()
+            return
         with self._lock:
-            yield from self._stream(prompt, max_new_tokens, sampling, stop, timeout_s, state, True)
+            yield from self._solo(request, prompt)
 
     def generate(
         self,
@@ -140,10 +151,13 @@ class Generator(Decoder):
         Raises:
             ContextLengthExceededError: before any work, when the request cannot fit.
         """
-        state = StreamState()
-        with self._lock:
-            chunks = self._stream(prompt, max_new_tokens, sampling, stop, timeout_s, state, False)
-            text = "".join(chunk.text for chunk in chunks)
+        request = self._request(prompt, max_new_tokens, sampling, stop, timeout_s, live=False)
+        if self.engine is not None:
+            text = "".join(chunk.text for chunk in self.engine.add(request).chunks())
+        else:
+            with self._lock:
+                text = "".join(chunk.text for chunk in self._solo(request, prompt))
+        state = request.state
         return GenerationResult(
             text=text,
             token_ids=tuple(state.ids),
@@ -153,12 +167,29 @@ class Generator(Decoder):
             decode_tokens_per_s=state.decode_rate(),
         )
 
+    def warm_up(self, runs: int) -> None:
+        """Kernel selection and allocations before requests (see ``Decoder.warm_up``)."""
+        if self.engine is not None:
+            self.engine.warm_up(runs)
+        else:
+            super().warm_up(runs)
+
+    def close(self) -> None:
+        """Stop the continuous-batching thread (requests still running end with an error)."""
+        if self.engine is not None:
+            self.engine.close()
+
     def warm_prefix(self, prefix: str) -> int:
         """Put the keys/values of ``prefix`` (a fixed instruction every prompt starts with)
         into the cache: from the prefix store when it holds them, else prefilled and stored.
         Returns the prefix's token count. End ``prefix`` where tokenization cannot merge
         across (a newline, a special token), or the prompts' ids will not start with its ids.
         """
+        if self.engine is not None:
+            raise ConfigError(
+                "warm_prefix keeps one sequence's cache; it is not available with continuous "
+                "batching (each request prefills its own prompt)"
+            )
         with self._lock:
             ids = self.encode(prefix)
             if len(ids) >= self.context_length:
@@ -181,48 +212,46 @@ class Generator(Decoder):
         head = list(self._tok.encode(text, add_special_tokens=False).ids)
         return head if list(ids[: len(head)]) == head and len(head) < len(ids) else []
 
-    def _stream(
+    def _request(
         self,
         prompt: Prompt,
         max_new_tokens: int,
         sampling: SamplingConfig | None,
         stop: Sequence[str],
         timeout_s: float | None,
-        state: StreamState,
+        *,
         live: bool,
-    ) -> Iterator[TextChunk]:
+    ) -> Request:
+        """The request's sequence: its ids, sampler, text stream and stop rules."""
         started = time.perf_counter()
-        deadline = None if timeout_s is None else started + timeout_s
-        ids = self.encode(prompt)
-        state.prompt_tokens = len(ids)
+        return Request(
+            self.encode(prompt),
+            max_new_tokens=max_new_tokens,
+            sampling=sampling or SamplingConfig(),
+            stop_token_ids=self.stop_token_ids,
+            text=TextStream(self._tok, stop, live=live),  # generate(): the text at the end
+            deadline=None if timeout_s is None else started + timeout_s,
+            started=started,
+        )
+
+    def _solo(self, request: Request, prompt: Prompt) -> Iterator[TextChunk]:
+        """Decode ``request`` on the one-sequence cache (prompt lookup on when greedy); the
+        sequence's rules decide when it ends."""
+        ids = request.ids
         system = self._system_ids(prompt, ids) if self._store is not None else []
         from_disk = prefix_store.restore(self._store, self.cache, system)
         self.prefix_from_disk = len(system) if from_disk else 0
-        text = TextStream(self._tok, stop, live=live)  # generate(): the text once, at the end
-        state.ids = text.ids
-        state.finish = "length"
         try:
-            for token in self.tokens(
-                ids,
-                max_new_tokens=max_new_tokens,
-                sampling=sampling or SamplingConfig(),
-                deadline=deadline,
-            ):
-                state.tick(started)
-                if token in self.stop_token_ids:
-                    state.finish = "eos"
-                    break
-                chunk = text.push(token)
+            tokens = self.tokens(
+                ids, max_new_tokens=request.max_new_tokens, sampling=request.sample.config
+            )
+            for token in tokens:
+                chunk = request.accept(token)
                 if chunk is not None:
                     yield chunk
-                if text.stopped:
-                    state.finish = "stop"
-                    return
-            else:
-                if deadline is not None and time.perf_counter() >= deadline:
-                    state.finish = "deadline"
-            last = text.finish(self.decode(text.ids))  # a trailing partial character included
-            state.finish = "stop" if text.stopped else state.finish
+                if request.done:
+                    break
+            last = request.close(self.decode)
             if last is not None:
                 yield last
         finally:

@@ -23,11 +23,11 @@ import numpy as np
 from edgeinfer.errors import ConfigError, PackageError
 from edgeinfer.package_io import DecoderIO
 
-__all__ = ["GROWTH_TOKENS", "KVCache", "device_for"]
+__all__ = ["GROWTH_TOKENS", "KV_DTYPES", "KVCache", "device_for"]
 
 # Providers whose kernels read and write CUDA device memory.
 _CUDA_PROVIDERS = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider"})
-_DTYPES = {"float32": np.float32, "float16": np.float16}
+KV_DTYPES = {"float32": np.float32, "float16": np.float16}
 # Buffers grow in steps of 256 tokens: a chat's turns grow them a few times at most, and 256
 # tokens of SmolLM2-135M's fp32 KV are 11.8 MB.
 GROWTH_TOKENS = 256
@@ -64,10 +64,10 @@ class KVCache:
                 f"KV layout {io.kv_layout!r} is not supported by this runtime; "
                 "re-export the package with this edgeinfer"
             )
-        if io.kv_dtype not in _DTYPES:
+        if io.kv_dtype not in KV_DTYPES:
             raise PackageError(
                 f"KV dtype {io.kv_dtype!r} is not supported by this runtime "
-                f"({', '.join(_DTYPES)}); re-export the package with this edgeinfer"
+                f"({', '.join(KV_DTYPES)}); re-export the package with this edgeinfer"
             )
         if device not in ("cpu", "cuda"):
             raise ConfigError(f"KV cache device must be cpu or cuda, got {device!r}")
@@ -76,7 +76,7 @@ class KVCache:
         self.past_names = io.past_names
         self.present_names = io.present_names
         self.device = device
-        self.dtype = np.dtype(_DTYPES[io.kv_dtype])
+        self.dtype = np.dtype(KV_DTYPES[io.kv_dtype])
         self._head_shape = (io.num_kv_heads, io.head_dim)
         self._bindings: list[Any] = []
         # The token ids whose keys/values positions 0..n-1 hold: a prompt that starts with

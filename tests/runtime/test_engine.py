@@ -1,0 +1,217 @@
+"""Continuous batching on the tiny decoder: sequences decoded together give each one the
+tokens it gets alone (greedy and seeded sampling), join and leave at token boundaries, free
+their slot when abandoned, wait for a KV budget, and hold only their own KV rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.config import ContinuousBatchConfig, RuntimeConfig, SamplingConfig
+from edgeinfer.errors import ConfigError, PackageError
+from edgeinfer.manifest import Manifest
+from edgeinfer.package_io import DecoderIO
+from edgeinfer.runtime.generate import Generator
+from edgeinfer.runtime.generate.engine import Engine
+from edgeinfer.runtime.generate.slots import SlotCache
+
+PROMPTS = [
+    "The market rose",
+    "Once upon a time there was",
+    "Rain fell on the",
+    "A short list: one, two,",
+    "Water boils at",
+    "The committee said on Tuesday that",
+]
+
+
+def _batched(package: Path, **options: int) -> Generator:
+    return Generator(
+        package,
+        Manifest.read(package),
+        config=RuntimeConfig(threads=1),
+        context_length=128,
+        batching=ContinuousBatchConfig(**options),
+    )
+
+
+@pytest.fixture
+def batched(tiny_package: Path) -> Iterator[Generator]:
+    gen = _batched(tiny_package, max_sequences=3)
+    yield gen
+    gen.close()
+
+
+def _all_at_once(gen: Generator, jobs: list[dict[str, object]]) -> list[list[int]]:
+    """Submit every job before the engine admits any, then read each in its own thread."""
+    assert gen.engine is not None
+    out: list[list[int]] = [[] for _ in jobs]
+    with gen.engine._cond:  # the engine's lock: nothing is admitted until all are queued
+        seqs = [
+            gen.engine.submit(
+                gen.encode(str(job["prompt"])),
+                **{k: v for k, v in job.items() if k != "prompt"},  # type: ignore[arg-type]
+            )
+            for job in jobs
+        ]
+
+    def read(i: int) -> None:
+        out[i] = list(seqs[i])
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_each_sequence_gets_its_solo_greedy_tokens_whatever_runs_beside_it(
+    tiny: Generator, batched: Generator
+) -> None:
+    # The solo path (one sequence, prompt lookup on) is the reference.
+    solo = [tiny.generate(p, max_new_tokens=24) for p in PROMPTS]
+    # Six sequences on three slots, leaving at different steps: joins and leaves mid-stream.
+    lengths = [24 - 3 * i for i in range(len(PROMPTS))]
+    results: list[object] = [None] * len(PROMPTS)
+
+    def run(i: int) -> None:
+        results[i] = batched.generate(PROMPTS[i], max_new_tokens=lengths[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, result in enumerate(results):
+        assert isinstance(result, type(solo[i]))
+        assert result.token_ids == solo[i].token_ids[: lengths[i]], PROMPTS[i]
+        assert result.finish_reason == ("length" if len(result.token_ids) == lengths[i] else "eos")
+    assert batched.engine is not None and batched.engine.slots.nbytes == 0  # every row freed
+
+
+def test_seeded_sampling_is_per_sequence(tiny: Generator, batched: Generator) -> None:
+    sampling = SamplingConfig(temperature=0.9, top_k=40, seed=7)
+    alone = [tiny.generate(p, max_new_tokens=16, sampling=sampling).token_ids for p in PROMPTS[:3]]
+    jobs = [{"prompt": p, "max_new_tokens": 16, "sampling": sampling} for p in PROMPTS[:3]]
+    together = _all_at_once(batched, [{**j, "stop_token_ids": frozenset()} for j in jobs])
+    for mine, ref in zip(together, alone, strict=True):
+        assert tuple(mine[: len(ref)]) == ref
+
+
+def test_sequences_are_decoded_together_not_one_after_another(batched: Generator) -> None:
+    assert batched.engine is not None
+    with batched.engine._cond:
+        seqs = [
+            batched.engine.submit(
+                batched.encode(p),
+                max_new_tokens=12,
+                sampling=SamplingConfig(),
+                stop_token_ids=frozenset(),
+            )
+            for p in PROMPTS[:3]
+        ]
+    for seq in seqs:
+        assert len(list(seq)) == 12
+    # When the engine decoded them: every first token before any sequence's last one.
+    assert max(seq.token_s[0] for seq in seqs) < min(seq.token_s[-1] for seq in seqs)
+
+
+def test_an_abandoned_stream_frees_its_slot(tiny_package: Path) -> None:
+    gen = _batched(tiny_package, max_sequences=1)
+    try:
+        stream = gen.stream(PROMPTS[0], max_new_tokens=100, sampling=SamplingConfig())
+        next(stream)
+        stream.close()  # the caller walks away after one chunk
+        # With one slot, this answer comes only once the abandoned sequence left it.
+        result = gen.generate(PROMPTS[1], max_new_tokens=4)
+        assert len(result.token_ids) <= 4
+        assert gen.engine is not None and gen.engine.stats()["active"] == 0
+    finally:
+        gen.close()
+
+
+def test_a_kv_budget_admits_what_fits_and_refuses_what_never_can(tiny_package: Path) -> None:
+    probe = _batched(tiny_package, max_sequences=4)
+    assert probe.engine is not None
+    per_token = probe.engine.slots.bytes_per_token
+    probe.close()
+    ids_per_request = len(probe.encode(PROMPTS[0])) + 8 + 1
+    # Room for two such requests at once: the other two wait, then all four finish.
+    gen = _batched(tiny_package, max_sequences=4, kv_budget_bytes=2 * ids_per_request * per_token)
+    try:
+        jobs = [{"prompt": PROMPTS[0], "max_new_tokens": 8, "stop_token_ids": frozenset()}] * 4
+        outs = _all_at_once(gen, [dict(j, sampling=SamplingConfig()) for j in jobs])
+        assert all(out == outs[0] and len(out) == 8 for out in outs)
+        with pytest.raises(ConfigError, match="budget"):
+            gen.generate(PROMPTS[0], max_new_tokens=100)
+    finally:
+        gen.close()
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * mmap.PAGESIZE
+
+
+def test_a_slot_holds_pages_only_for_what_its_sequence_wrote() -> None:
+    layers, heads, dim = 2, 2, 64
+    io = DecoderIO(
+        graph="model.onnx",
+        tokenizer="tokenizer.json",
+        inputs=(),
+        outputs=(),
+        max_seq_len=1 << 16,
+        num_layers=layers,
+        num_kv_heads=heads,
+        head_dim=dim,
+        vocab_size=16,
+        context_length=1 << 16,
+        source_context_length=1 << 16,
+        kv_layout="shared-buffer",
+        past_names=tuple((f"k{i}", f"v{i}") for i in range(layers)),
+        present_names=tuple((f"pk{i}", f"pv{i}") for i in range(layers)),
+        stop_token_ids=(),
+    )
+    slots = SlotCache(io, rows=4, limit=1 << 16)
+    slots.ensure(1 << 16)  # 4 rows x 64k positions x 2 KiB: 512 MiB reserved, none resident
+    row_bytes = (1 << 16) * slots.bytes_per_token  # 128 MiB
+    base = _rss_bytes()
+    assert base < row_bytes  # the reservation itself costs no resident memory
+    for buffer in slots.buffers:
+        buffer[1] = 1.0  # row 1 written in full
+    slots.open(1, 1 << 16)
+    grown = _rss_bytes() - base
+    assert 0.95 * row_bytes <= grown <= 1.05 * row_bytes
+    assert slots.nbytes == row_bytes
+    slots.move(1, 0)  # row 1's sequence moves up into row 0
+    assert all(float(buffer[0].min()) == 1.0 for buffer in slots.buffers)
+    slots.release(1)
+    slots.release(0)
+    assert slots.nbytes == 0
+    assert _rss_bytes() - base < 0.05 * row_bytes  # the pages went back to the kernel
+    assert all(float(buffer[0].max()) == 0.0 for buffer in slots.buffers)  # and read as zeros
+
+
+def test_a_package_without_the_extra_row_input_is_refused_with_a_fix(tiny_package: Path) -> None:
+    manifest = Manifest.read(tiny_package)
+    gen = Generator(tiny_package, manifest, config=RuntimeConfig(threads=1), context_length=64)
+    gen.io = dataclasses.replace(gen.io, extra_row_input=None)  # an older export's io
+    with pytest.raises(PackageError, match="re-export"):
+        Engine(gen, ContinuousBatchConfig(max_sequences=2), decode=gen.decode)
+
+
+def test_prefill_in_chunks_gives_the_same_tokens(tiny: Generator, tiny_package: Path) -> None:
+    gen = _batched(tiny_package, max_sequences=2, prefill_chunk_tokens=3)
+    try:
+        long = " ".join(PROMPTS)
+        assert gen.generate(long, max_new_tokens=12).token_ids == (
+            tiny.generate(long, max_new_tokens=12).token_ids
+        )
+    finally:
+        gen.close()
