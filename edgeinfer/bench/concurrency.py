@@ -196,26 +196,17 @@ def concurrency_table(result: dict[str, Any]) -> Table:
             f"{max(lengths)} tokens · {result['threads']} threads · {result['rounds']} rounds"
         ),
     )
-    for column in (
-        "streams",
-        "engine",
-        "aggregate tok/s",
-        "vs 1 stream",
-        "per-stream tok/s",
-        "inter-token p50/p99 ms",
-        "TTFT p50/max ms",
-        "identical to solo",
-        "vs llama.cpp",
-    ):
-        out.add_column(column, justify="left" if column == "engine" else "right")
     labels = {"ours": f"{Path(result['package']).name} ({result['precision']})"}
     if result["gguf"] is not None:
         labels["llamacpp"] = f"llama.cpp {Path(result['gguf']).name}"
+    columns = ["streams", "engine", "aggregate tok/s", "vs 1 stream", "per-stream tok/s"]
+    columns += ["inter-token p50/p99 ms", "TTFT p50/max ms", "identical to solo"]
+    for column in columns + (["ours vs llama.cpp"] if len(labels) > 1 else []):
+        out.add_column(column, justify="left" if column == "engine" else "right")
     for row in result["levels"]:
         for name, label in labels.items():
             m = row[name]
-            versus = row.get("ours_vs_llamacpp") if name == "ours" else None
-            out.add_row(
+            cells = [
                 str(row["concurrency"]),
                 label,
                 f"{m['aggregate_tokens_per_s']:.1f}",
@@ -224,6 +215,8 @@ def concurrency_table(result: dict[str, Any]) -> Table:
                 f"{m['inter_token_ms']['p50']}/{m['inter_token_ms']['p99']}",
                 f"{m['ttft_ms']['p50']:.0f}/{m['ttft_ms']['max']:.0f}",
                 "yes" if m["identical"] else "no",
-                f"{versus:.2f}x" if versus is not None else "—",
-            )
+            ]
+            if len(labels) > 1:  # ours over llama.cpp's aggregate, on our row
+                cells.append(f"{row['ours_vs_llamacpp']:.2f}x" if name == "ours" else "")
+            out.add_row(*cells)
     return out

@@ -65,10 +65,12 @@ def _package(spec: dict[str, Any]) -> Start:
         context_length=longest + tokens + 1,
         batching=ContinuousBatchConfig(max_sequences=int(spec["concurrency"])),
     )
+    engine = gen.engine
+    assert engine is not None  # made by batching=
 
     def start(ids: list[int]) -> Stream:
         submitted = time.perf_counter()
-        sequence = gen.engine.submit(
+        sequence = engine.submit(
             ids,
             max_new_tokens=tokens + 1,
             sampling=SamplingConfig(),  # greedy
