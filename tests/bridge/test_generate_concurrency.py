@@ -24,7 +24,7 @@ class HeldModel:
 
     def __init__(self, model: edgeinfer.Model) -> None:
         self.model, self.task, self.manifest = model, model.task, model.manifest
-        self.max_sequences = model.max_sequences
+        self.max_sequences, self.generation_stats = model.max_sequences, model.generation_stats
         self.gate = threading.Event()
         self.first_chunks = threading.Semaphore(0)
 
@@ -81,8 +81,9 @@ def test_four_devices_are_answered_together_the_rest_queue_then_busy(
             chunks = [m for m in device.of(correlation) if "chunk" in m]
             assert final["ok"] and [c["chunk"] for c in chunks] == list(range(len(chunks)))
             assert "".join(c["text"] for c in chunks) == final["result"]["text"] == alone[i]
-        stats = model.generation_stats()
-        assert stats is not None and stats["active"] == 0 and stats["kv_bytes"] == 0
+        stats = bridge.worker.snapshot()["per_model"]["tiny"]["generation"]  # the metrics topic's
+        assert stats["active"] == 0 and stats["kv_bytes"] == 0 and stats["max_sequences"] == 4
+        assert stats["tokens"] >= 8 and stats["inter_token_ms_p50"] > 0
     finally:
         for device in devices:
             device.close()
