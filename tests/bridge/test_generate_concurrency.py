@@ -5,12 +5,15 @@ text the model gives that prompt alone."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pytest
 from bridge_harness import Mosquitto, PahoPeer
 
 import edgeinfer
@@ -89,3 +92,18 @@ def test_four_devices_are_answered_together_the_rest_queue_then_busy(
             device.close()
         bridge.stop()
         model.close()
+
+
+def test_serve_batches_generate_packages_that_can_and_says_when_one_cannot(
+    tiny_decoder: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from edgeinfer.cli.serve_cmd import generations_for
+
+    manifest = edgeinfer.Manifest.read(tiny_decoder)
+    config = generations_for(manifest, 4, 16)
+    assert config == ContinuousBatchConfig(max_sequences=4, kv_budget_bytes=16 << 20)
+    assert generations_for(manifest, 1, None) is None  # one at a time: the solo path
+    older = dataclasses.replace(manifest, io=dataclasses.replace(manifest.io, extra_row_input=None))
+    with caplog.at_level(logging.WARNING):
+        assert generations_for(older, 4, None) is None
+    assert "re-export" in caplog.text
