@@ -215,3 +215,24 @@ def test_prefill_in_chunks_gives_the_same_tokens(tiny: Generator, tiny_package: 
         )
     finally:
         gen.close()
+
+
+def test_continuous_batching_refuses_what_keeps_one_sequences_cache(
+    tiny_package: Path, tmp_path: Path
+) -> None:
+    from edgeinfer.config import PrefixCacheConfig
+
+    with pytest.raises(ConfigError, match="prefix cache"):
+        Generator(
+            tiny_package,
+            Manifest.read(tiny_package),
+            config=RuntimeConfig(threads=1),
+            prefix_cache=PrefixCacheConfig(directory=tmp_path),
+            batching=ContinuousBatchConfig(max_sequences=2),
+        )
+    gen = _batched(tiny_package, max_sequences=2)
+    try:
+        with pytest.raises(ConfigError, match="warm_prefix"):
+            gen.warm_prefix("You are a valve controller.\n")
+    finally:
+        gen.close()
