@@ -178,11 +178,12 @@ def test_a_slot_holds_pages_only_for_what_its_sequence_wrote() -> None:
         present_names=tuple((f"pk{i}", f"pv{i}") for i in range(layers)),
         stop_token_ids=(),
     )
+    before = _rss_bytes()
     slots = SlotCache(io, rows=4, limit=1 << 16)
     slots.ensure(1 << 16)  # 4 rows x 64k positions x 2 KiB: 512 MiB reserved, none resident
     row_bytes = (1 << 16) * slots.bytes_per_token  # 128 MiB
     base = _rss_bytes()
-    assert base < row_bytes  # the reservation itself costs no resident memory
+    assert base - before < 0.05 * row_bytes  # the reservation itself costs no resident memory
     for buffer in slots.buffers:
         buffer[1] = 1.0  # row 1 written in full
     slots.open(1, 1 << 16)
