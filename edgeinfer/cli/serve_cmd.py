@@ -86,6 +86,14 @@ def serve(
             min=1,
         ),
     ] = None,
+    kv_budget_mb: Annotated[
+        int | None,
+        typer.Option(
+            help="KV cache the generations of one model may need together (MiB); a "
+            "generation waits until its prompt + max_new_tokens fit",
+            min=1,
+        ),
+    ] = None,
     reply_topic: Annotated[
         list[str] | None,
         typer.Option(
@@ -172,7 +180,7 @@ def serve(
             threads=threads,
             config=runtime,
             cache=cached,
-            continuous_batching=generations_for(manifest, config.generations),
+            continuous_batching=generations_for(manifest, config.generations, kv_budget_mb),
         )
 
     models: dict[str, Any] = {name: load(path) for name, path in zip(names, packages, strict=True)}
@@ -221,9 +229,10 @@ def serve(
     console.print("stopped")
 
 
-def generations_for(manifest: Any, generations: int) -> Any:
+def generations_for(manifest: Any, generations: int, kv_budget_mb: int | None) -> Any:
     """The continuous batching a generate package is served with: ``generations`` slots
-    when its graph can batch and more than one is asked for, else ``None`` (one at a time)."""
+    (within ``kv_budget_mb`` of KV) when its graph can batch and more than one is asked for,
+    else ``None`` (one at a time)."""
     import logging
 
     from edgeinfer.config import ContinuousBatchConfig
@@ -239,4 +248,5 @@ def generations_for(manifest: Any, generations: int) -> Any:
             generations,
         )
         return None
-    return ContinuousBatchConfig(max_sequences=generations)
+    budget = None if kv_budget_mb is None else kv_budget_mb << 20
+    return ContinuousBatchConfig(max_sequences=generations, kv_budget_bytes=budget)

@@ -5,12 +5,15 @@ text the model gives that prompt alone."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pytest
 from bridge_harness import Mosquitto, PahoPeer
 
 import edgeinfer
@@ -24,7 +27,7 @@ class HeldModel:
 
     def __init__(self, model: edgeinfer.Model) -> None:
         self.model, self.task, self.manifest = model, model.task, model.manifest
-        self.max_sequences = model.max_sequences
+        self.max_sequences, self.generation_stats = model.max_sequences, model.generation_stats
         self.gate = threading.Event()
         self.first_chunks = threading.Semaphore(0)
 
@@ -81,10 +84,26 @@ def test_four_devices_are_answered_together_the_rest_queue_then_busy(
             chunks = [m for m in device.of(correlation) if "chunk" in m]
             assert final["ok"] and [c["chunk"] for c in chunks] == list(range(len(chunks)))
             assert "".join(c["text"] for c in chunks) == final["result"]["text"] == alone[i]
-        stats = model.generation_stats()
-        assert stats is not None and stats["active"] == 0 and stats["kv_bytes"] == 0
+        stats = bridge.worker.snapshot()["per_model"]["tiny"]["generation"]  # the metrics topic's
+        assert stats["active"] == 0 and stats["kv_bytes"] == 0 and stats["max_sequences"] == 4
+        assert stats["tokens"] >= 8 and stats["inter_token_ms_p50"] > 0
     finally:
         for device in devices:
             device.close()
         bridge.stop()
         model.close()
+
+
+def test_serve_batches_generate_packages_that_can_and_says_when_one_cannot(
+    tiny_decoder: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from edgeinfer.cli.serve_cmd import generations_for
+
+    manifest = edgeinfer.Manifest.read(tiny_decoder)
+    config = generations_for(manifest, 4, 16)
+    assert config == ContinuousBatchConfig(max_sequences=4, kv_budget_bytes=16 << 20)
+    assert generations_for(manifest, 1, None) is None  # one at a time: the solo path
+    older = dataclasses.replace(manifest, io=dataclasses.replace(manifest.io, extra_row_input=None))
+    with caplog.at_level(logging.WARNING):
+        assert generations_for(older, 4, None) is None
+    assert "re-export" in caplog.text

@@ -396,5 +396,5 @@ class Worker:
             "streams": len(self.streams),
             "cache_hit_rate": (counts.get("cached", 0) / ok) if ok else None,
             "latency_ms": {name: percentiles(s) for name, s in summaries.items()},
-            "per_model": self.model_stats.snapshot(self.models.names(), queued + Counter(lanes)),
+            "per_model": self.model_stats.snapshot(self.models, queued + Counter(lanes)),
         }

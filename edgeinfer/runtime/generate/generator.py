@@ -64,6 +64,12 @@ class Generator(Decoder):
     ) -> None:
         from tokenizers import Tokenizer
 
+        if batching is not None and prefix_cache is not None:
+            raise ConfigError(
+                "the prefix cache keeps one sequence's keys/values; with continuous batching "
+                "each request prefills its own prompt: load with one of the two"
+            )
+
         try:  # first: its JSON's parse garbage goes back before the weights come in
             self._tok = Tokenizer.from_file(str(Path(path) / manifest.io_as(DecoderIO).tokenizer))
         except Exception as exc:  # tokenizers raises a bare Exception on parse errors
