@@ -12,6 +12,10 @@ Both engines are clocked the same way, by the Python thread that consumes each s
 - aggregate decode tokens/s: the decode tokens of all C streams (``tokens`` each) over the wall
   time from the first stream's first token to the last stream's last token; median over the
   rounds. ``scaling`` is aggregate(C) / aggregate(1).
+- steady aggregate tokens/s: the same while all C streams decode (the window from the last
+  stream's first token to the first stream's last: no prefill of a newcomer in it), the figure
+  continuous batching reaches once a gateway is busy; with its own ``steady_scaling`` and the
+  inter-token p50 of the gaps inside that window.
 - per-stream decode tokens/s: ``tokens`` over that stream's first-to-last token time; median
   over streams and rounds. Inter-token p50/p99: every gap between a stream's consecutive
   tokens, pooled over streams and rounds. TTFT: submission to first token, p50 and max.
@@ -64,7 +68,7 @@ def _prompts(package: Path, count: int) -> list[list[int]]:
 
 def _level(runs: list[list[dict[str, Any]]], solo: list[Any]) -> dict[str, Any]:
     """One engine at one C: the rates, gaps and TTFTs of its rounds (the module docstring)."""
-    aggregate, per_stream, gaps, ttft = [], [], [], []
+    aggregate, per_stream, gaps, ttft, steady, steady_gaps = [], [], [], [], [], []
     identical, held_back = True, 0
     for streams in runs:
         for index, stream in enumerate(streams):
@@ -81,8 +85,18 @@ def _level(runs: list[list[dict[str, Any]]], solo: list[Any]) -> dict[str, Any]:
             s["arrivals_s"][0] for s in streams
         )
         aggregate.append(decoded / span_s)
+        low = max(st["arrivals_s"][0] for st in streams)
+        high = min(st["arrivals_s"][-1] for st in streams)
+        inside = [np.array([t for t in st["arrivals_s"] if low <= t <= high]) for st in streams]
+        if high > low:
+            steady.append(sum(len(t) - 1 for t in inside) / (high - low))
+            steady_gaps.extend(g for t in inside for g in np.diff(t) * 1e3)
     return {
         "aggregate_tokens_per_s": round(float(np.median(aggregate)), 1),
+        "steady_tokens_per_s": round(float(np.median(steady)), 1) if steady else None,
+        "steady_inter_token_ms_p50": (
+            round(float(np.percentile(steady_gaps, 50)), 2) if steady_gaps else None
+        ),
         "per_stream_tokens_per_s": round(float(np.median(per_stream)), 1),
         "inter_token_ms": {
             "p50": round(float(np.percentile(gaps, 50)), 2),
@@ -168,7 +182,10 @@ def run_concurrency_bench(
     for name in names:
         alone = rows[0][name]["aggregate_tokens_per_s"]
         for row in rows:
-            row[name]["scaling"] = round(row[name]["aggregate_tokens_per_s"] / alone, 2)
+            m = row[name]
+            m["scaling"] = round(m["aggregate_tokens_per_s"] / alone, 2)
+            steady = m["steady_tokens_per_s"]
+            m["steady_scaling"] = None if steady is None else round(steady / alone, 2)
     if gguf is not None:
         for row in rows:
             ours, theirs = row["ours"], row["llamacpp"]
@@ -199,7 +216,8 @@ def concurrency_table(result: dict[str, Any]) -> Table:
     labels = {"ours": f"{Path(result['package']).name} ({result['precision']})"}
     if result["gguf"] is not None:
         labels["llamacpp"] = f"llama.cpp {Path(result['gguf']).name}"
-    columns = ["streams", "engine", "aggregate tok/s", "vs 1 stream", "per-stream tok/s"]
+    columns = ["streams", "engine", "aggregate tok/s", "vs 1 stream", "all decoding tok/s (x1)"]
+    columns += ["per-stream tok/s"]
     columns += ["inter-token p50/p99 ms", "TTFT p50/max ms", "identical to solo"]
     for column in columns + (["ours vs llama.cpp"] if len(labels) > 1 else []):
         out.add_column(column, justify="left" if column == "engine" else "right")
@@ -211,6 +229,9 @@ def concurrency_table(result: dict[str, Any]) -> Table:
                 label,
                 f"{m['aggregate_tokens_per_s']:.1f}",
                 f"{m['scaling']:.2f}x",
+                "-"
+                if m.get("steady_scaling") is None
+                else f"{m['steady_tokens_per_s']:.1f} ({m['steady_scaling']:.2f}x)",
                 f"{m['per_stream_tokens_per_s']:.1f}",
                 f"{m['inter_token_ms']['p50']}/{m['inter_token_ms']['p99']}",
                 f"{m['ttft_ms']['p50']:.0f}/{m['ttft_ms']['max']:.0f}",
