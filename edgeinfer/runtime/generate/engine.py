@@ -178,7 +178,8 @@ class Engine:
         tokens/s over the last 10 s, inter-token p50/p99 and queue-wait p50 (ms), KV bytes."""
         now = time.perf_counter()
         recent = sum(n for t, n in list(self._produced) if now - t <= _WINDOW_S)
-        gaps, waits = np.array(self._gaps or [0.0]), np.array(self._waits or [0.0])
+        # list(): one C-level copy each, taken whole while the engine's thread appends
+        gaps, waits = np.array(list(self._gaps) or [0.0]), np.array(list(self._waits) or [0.0])
         return {
             "max_sequences": self.max_sequences,
             "active": len(self._decoding) + (self._filling is not None),
