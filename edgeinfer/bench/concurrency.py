@@ -68,7 +68,12 @@ def _prompts(package: Path, count: int) -> list[list[int]]:
 
 def _level(runs: list[list[dict[str, Any]]], solo: list[Any]) -> dict[str, Any]:
     """One engine at one C: the rates, gaps and TTFTs of its rounds (the module docstring)."""
-    aggregate, per_stream, gaps, ttft, steady, steady_gaps = [], [], [], [], [], []
+    aggregate: list[float] = []
+    per_stream: list[float] = []
+    gaps: list[float] = []
+    ttft: list[float] = []
+    steady: list[float] = []
+    steady_gaps: list[float] = []
     identical, held_back = True, 0
     for streams in runs:
         for index, stream in enumerate(streams):
