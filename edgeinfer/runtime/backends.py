@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer.config import (
     BatchConfig,
@@ -18,16 +18,18 @@ from edgeinfer.config import (
     ContinuousBatchConfig,
     PrefixCacheConfig,
     RuntimeConfig,
-    SamplingConfig,
 )
 from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.early_exit import ExitPolicy
 from edgeinfer.runtime.generate.chat import Prompt
 from edgeinfer.runtime.generate.generator import Generator
-from edgeinfer.runtime.generate.streaming import GenerationResult, TextChunk
+from edgeinfer.runtime.generate.streaming import GenerateOptions, GenerationResult, TextChunk
 from edgeinfer.runtime.metrics import Metrics
 from edgeinfer.runtime.tasks import ClassificationResult, Detection, EmbeddingResult
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # annotations only: no runtime dependency
 
 __all__ = ["Backend", "BackendOptions", "GenerateBackend"]
 
@@ -98,27 +100,11 @@ class Backend:
         """Each image's detections (detector packages)."""
         raise self._unsupported("detect")
 
-    def generate(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int,
-        sampling: SamplingConfig | None,
-        stop: Sequence[str],
-        timeout_s: float | None,
-    ) -> GenerationResult:
+    def generate(self, prompt: Prompt, **options: Unpack[GenerateOptions]) -> GenerationResult:
         """A completion of ``prompt``."""
         raise self._unsupported("generate")
 
-    def stream(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int,
-        sampling: SamplingConfig | None,
-        stop: Sequence[str],
-        timeout_s: float | None,
-    ) -> Iterator[TextChunk]:
+    def stream(self, prompt: Prompt, **options: Unpack[GenerateOptions]) -> Iterator[TextChunk]:
         """A completion of ``prompt``, as it is decoded."""
         raise self._unsupported("stream")
 
@@ -173,31 +159,11 @@ class GenerateBackend(Backend):
     def warm_up(self, runs: int) -> None:
         self.generator.warm_up(runs)
 
-    def generate(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int,
-        sampling: SamplingConfig | None,
-        stop: Sequence[str],
-        timeout_s: float | None,
-    ) -> GenerationResult:
-        return self.generator.generate(
-            prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, timeout_s=timeout_s
-        )
+    def generate(self, prompt: Prompt, **options: Unpack[GenerateOptions]) -> GenerationResult:
+        return self.generator.generate(prompt, **options)
 
-    def stream(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int,
-        sampling: SamplingConfig | None,
-        stop: Sequence[str],
-        timeout_s: float | None,
-    ) -> Iterator[TextChunk]:
-        return self.generator.stream(
-            prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, timeout_s=timeout_s
-        )
+    def stream(self, prompt: Prompt, **options: Unpack[GenerateOptions]) -> Iterator[TextChunk]:
+        return self.generator.stream(prompt, **options)
 
     def warm_prefix(self, prefix: str) -> int:
         return self.generator.warm_prefix(prefix)

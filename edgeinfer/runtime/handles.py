@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -25,16 +25,18 @@ from edgeinfer.config import (
     ContinuousBatchConfig,
     PrefixCacheConfig,
     RuntimeConfig,
-    SamplingConfig,
 )
 from edgeinfer.errors import PackageError
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.early_exit import ExitPolicy
 from edgeinfer.runtime.generate.chat import Prompt
-from edgeinfer.runtime.generate.streaming import GenerationResult, TextChunk
+from edgeinfer.runtime.generate.streaming import GenerateOptions, GenerationResult, TextChunk
 from edgeinfer.runtime.metrics import MetricsSnapshot
 from edgeinfer.runtime.model import DEFAULT_BATCH_SIZE, Model, load
 from edgeinfer.runtime.tasks import ClassificationResult, Detection, EmbeddingResult
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # annotations only: no runtime dependency
 
 __all__ = ["ClassifyModel", "DetectModel", "EmbedModel", "GenerateModel", "RawModel"]
 
@@ -232,33 +234,13 @@ class GenerateModel(_Handle):
             )
         )
 
-    def generate(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int = 128,
-        sampling: SamplingConfig | None = None,
-        stop: Sequence[str] = (),
-        timeout_s: float | None = None,
-    ) -> GenerationResult:
+    def generate(self, prompt: Prompt, **options: Unpack[GenerateOptions]) -> GenerationResult:
         """Complete ``prompt`` (``Model.generate``)."""
-        return self.model.generate(
-            prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, timeout_s=timeout_s
-        )
+        return self.model.generate(prompt, **options)
 
-    def stream(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int = 128,
-        sampling: SamplingConfig | None = None,
-        stop: Sequence[str] = (),
-        timeout_s: float | None = None,
-    ) -> Iterator[TextChunk]:
+    def stream(self, prompt: Prompt, **options: Unpack[GenerateOptions]) -> Iterator[TextChunk]:
         """Complete ``prompt``, yielding text as it is decoded (``Model.stream``)."""
-        return self.model.stream(
-            prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, timeout_s=timeout_s
-        )
+        return self.model.stream(prompt, **options)
 
     def warm_prefix(self, prefix: str) -> int:
         """Keep the keys/values of text every prompt starts with (``Model.warm_prefix``)."""

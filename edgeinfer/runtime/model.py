@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,7 +22,6 @@ from edgeinfer.config import (
     ContinuousBatchConfig,
     PrefixCacheConfig,
     RuntimeConfig,
-    SamplingConfig,
 )
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import ExitSegmentsIO
@@ -30,12 +29,15 @@ from edgeinfer.runtime.backends import Backend, BackendOptions, GenerateBackend
 from edgeinfer.runtime.detect import DetectBackend
 from edgeinfer.runtime.early_exit import ExitPolicy
 from edgeinfer.runtime.generate.chat import Prompt
-from edgeinfer.runtime.generate.streaming import GenerationResult, TextChunk
+from edgeinfer.runtime.generate.streaming import GenerateOptions, GenerationResult, TextChunk
 from edgeinfer.runtime.image import ImageBackend
 from edgeinfer.runtime.metrics import Metrics, MetricsSnapshot
 from edgeinfer.runtime.raw import RawBackend
 from edgeinfer.runtime.tasks import ClassificationResult, Detection, EmbeddingResult
 from edgeinfer.runtime.text import TextBackend
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # annotations only: no runtime dependency
 
 __all__ = ["BACKENDS", "Model", "load"]
 
@@ -189,46 +191,20 @@ class Model:
             exit_policy=exit_policy,
         )
 
-    def generate(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int = 128,
-        sampling: SamplingConfig | None = None,
-        stop: Sequence[str] = (),
-        timeout_s: float | None = None,
-    ) -> GenerationResult:
+    def generate(self, prompt: Prompt, **options: Unpack[GenerateOptions]) -> GenerationResult:
         """Complete ``prompt`` (text, or chat messages rendered with the package's template).
+        ``options``: ``max_new_tokens`` (128), ``sampling`` (greedy), ``stop`` strings and
+        ``timeout_s`` (see ``Generator.generate``).
 
         Stops at the end-of-text token, a ``stop`` string, ``max_new_tokens`` or ``timeout_s``.
         Raises ``ContextLengthExceededError`` before any work when the prompt plus
         ``max_new_tokens`` exceeds the package's context length.
         """
-        return self._backend.generate(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            sampling=sampling,
-            stop=stop,
-            timeout_s=timeout_s,
-        )
+        return self._backend.generate(prompt, **options)
 
-    def stream(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int = 128,
-        sampling: SamplingConfig | None = None,
-        stop: Sequence[str] = (),
-        timeout_s: float | None = None,
-    ) -> Iterator[TextChunk]:
+    def stream(self, prompt: Prompt, **options: Unpack[GenerateOptions]) -> Iterator[TextChunk]:
         """As ``generate``, yielding text as it is decoded (never half a character)."""
-        return self._backend.stream(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            sampling=sampling,
-            stop=stop,
-            timeout_s=timeout_s,
-        )
+        return self._backend.stream(prompt, **options)
 
     def warm_prefix(self, prefix: str) -> int:
         """Load (or prefill and store) the keys/values of text every prompt starts with;

@@ -11,10 +11,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
+
+if TYPE_CHECKING:
+    from edgeinfer.config import SamplingConfig
 
 __all__ = [
     "FinishReason",
+    "GenerateOptions",
     "GenerationResult",
     "StreamState",
     "TextChunk",
@@ -24,6 +28,17 @@ __all__ = [
 ]
 
 FinishReason = Literal["eos", "stop", "length", "deadline"]
+
+
+class GenerateOptions(TypedDict, total=False):
+    """The keyword options of ``generate``/``stream``, written once: the model, its typed
+    handle and the backend pass them through to ``Generator.generate`` (the defaults and
+    their meaning are there)."""
+
+    max_new_tokens: int
+    sampling: SamplingConfig | None
+    stop: Sequence[str]
+    timeout_s: float | None
 
 
 @dataclass(frozen=True, slots=True)
