@@ -8,6 +8,7 @@ test (tests/export, tests/runtime, tests/cli, ...) whatever packages they need.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -45,13 +46,17 @@ def _reusable(out: Path) -> bool:
 
 
 def _exported(out: Path, **options: object) -> Path:
-    """The package at ``out``: reused when it verifies, else exported with ``options``."""
-    if _reusable(out):
-        return out
-    from edgeinfer.export.run import export
+    """The package at ``out``: reused when it verifies, else exported with ``options``. A lock
+    file beside it makes parallel test workers (pytest-xdist) export it once between them."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if _reusable(out):
+            return out
+        from edgeinfer.export.run import export
 
-    export(ExportOptions(out=out, overwrite=True, **options))  # type: ignore[arg-type]
-    return out
+        export(ExportOptions(out=out, overwrite=True, **options))  # type: ignore[arg-type]
+        return out
 
 
 def _require(module: str, pin: str) -> None:
@@ -88,6 +93,10 @@ def package_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if cache:
         Path(cache).mkdir(parents=True, exist_ok=True)
         return Path(cache)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one folder for every worker of this run
+        shared = tmp_path_factory.getbasetemp().parent / "packages"
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("packages")
 
 

@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./tools/setup.sh
-exec .venv/bin/python -m pytest "$@"
+# One worker per core (pytest-xdist), a test file's tests on one worker (its module fixtures
+# built once); exported test packages are shared between the workers (tests/conftest.py).
+exec .venv/bin/python -m pytest -n auto --dist loadfile "$@"
