@@ -21,7 +21,7 @@ from edgeinfer.export.builder import Builder
 from edgeinfer.export.context import Candidate, Quality
 from edgeinfer.export.data.text import builtin_text, read_text_file
 from edgeinfer.export.decoder import lm
-from edgeinfer.export.decoder.graph import DecoderGeometry, build_graph, io_fields
+from edgeinfer.export.decoder.graph import DecoderGeometry, build_graph
 from edgeinfer.export.decoder.variants import DEFAULT_VARIANTS, GATES, VARIANTS
 from edgeinfer.export.options import DecoderOptions
 from edgeinfer.package_io import DecoderIO
@@ -300,3 +300,24 @@ class DecoderBuilder(Builder):
 
         tok = Tokenizer.from_file(str(self.tokenizer))
         return [tok.decode(ids[:24]) for ids in self.held[:2]]
+
+
+def io_fields(geo: DecoderGeometry, *, kv_dtype: str = "float32") -> dict[str, Any]:
+    """The manifest's decoder ``io`` fields: geometry and the names ``build_graph`` gives the
+    KV inputs/outputs, the logits input, the argmax output and the extra-row switch."""
+    return {
+        "kv_dtype": kv_dtype,
+        "num_layers": geo.layers,
+        "num_kv_heads": geo.kv_heads,
+        "head_dim": geo.head_dim,
+        "vocab_size": geo.vocab,
+        "context_length": geo.context_length,
+        "kv_layout": "shared-buffer",  # past and present are bound to one preallocated buffer
+        "past_names": [
+            [f"past_key_values.{i}.key", f"past_key_values.{i}.value"] for i in range(geo.layers)
+        ],
+        "present_names": [[f"present.{i}.key", f"present.{i}.value"] for i in range(geo.layers)],
+        "logits_input": "logits_to_keep",
+        "argmax_output": "next_tokens",
+        "extra_row_input": "extra_row",
+    }

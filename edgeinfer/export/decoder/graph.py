@@ -55,7 +55,7 @@ from edgeinfer.export.decoder.families import (
 )
 from edgeinfer.export.package import save_graph
 
-__all__ = ["SUPPORTED_FAMILIES", "DecoderGeometry", "build_graph", "io_fields"]
+__all__ = ["SUPPORTED_FAMILIES", "DecoderGeometry", "build_graph"]
 
 # GroupQueryAttention, SkipSimplifiedLayerNormalization, FastGelu and MatMulNBits live in ORT's
 # contrib domain; opset 17 for the ONNX domain is what onnxruntime >= 1.14 runs.
@@ -63,26 +63,6 @@ _OPSET = 17
 _CONTRIB = frozenset(
     {"GroupQueryAttention", "SkipSimplifiedLayerNormalization", "FastGelu", "Gelu"}
 )
-
-
-def io_fields(geo: DecoderGeometry, *, kv_dtype: str = "float32") -> dict[str, Any]:
-    """The manifest's decoder ``io`` fields: geometry and the KV input/output names."""
-    return {
-        "kv_dtype": kv_dtype,
-        "num_layers": geo.layers,
-        "num_kv_heads": geo.kv_heads,
-        "head_dim": geo.head_dim,
-        "vocab_size": geo.vocab,
-        "context_length": geo.context_length,
-        "kv_layout": "shared-buffer",  # past and present are bound to one preallocated buffer
-        "past_names": [
-            [f"past_key_values.{i}.key", f"past_key_values.{i}.value"] for i in range(geo.layers)
-        ],
-        "present_names": [[f"present.{i}.key", f"present.{i}.value"] for i in range(geo.layers)],
-        "logits_input": "logits_to_keep",
-        "argmax_output": "next_tokens",
-        "extra_row_input": "extra_row",
-    }
 
 
 class _Graph:
@@ -281,21 +261,11 @@ def _inputs(g: _Graph) -> str:
     # seqlens_k: [B] int32 = valid length + 1 - 1; total_sequence_length: scalar int32 =
     # max(T, valid length + 1): a bound within the runtime's cache buffer (T, its length,
     # holds the spare position), exact for a graph run without one (an empty past).
-    # With ``extra_row`` 0 there is no extra row: onnxruntime's GroupQueryAttention takes a
-    # batch of several sequences only one new row each, so batched decode steps run without it.
+    # ``extra_row`` 0: no extra row (batched one-token steps; see the module's docstring).
     g.const("zero_i64", np.array([0], np.int64))
-    g.const("zeros_3_i64", np.zeros(3, np.int64))
-    g.const("zeros_4_i64", np.zeros(4, np.int64))
-    g.node(
-        "Concat",
-        ["zeros_4_i64", "extra_row", "zero_i64"],
-        ["extra_row_pads"],
-        "/extra/RowPads",
-        axis=0,
-    )
-    g.node(
-        "Concat", ["zeros_3_i64", "extra_row"], ["extra_position_pads"], "/extra/PosPads", axis=0
-    )
+    for pads, zeros, tail in (("extra_row_pads", 4, ["zero_i64"]), ("extra_position_pads", 3, [])):
+        lead = g.const(f"zeros_{zeros}_i64", np.zeros(zeros, np.int64))
+        g.node("Concat", [lead, "extra_row", *tail], [pads], f"/extra/{pads}", axis=0)
     g.node("Squeeze", ["extra_row"], ["extra_rows"], "/extra/Squeeze")
     g.node("Sub", ["extra_rows", "one_scalar_i64"], ["extra_minus_one"], "/extra/Sub")
     g.node("Shape", ["input_ids"], ["ids_shape"], "/extra/Shape")
