@@ -237,3 +237,18 @@ def test_continuous_batching_refuses_what_keeps_one_sequences_cache(
             gen.warm_prefix("You are a valve controller.\n")
     finally:
         gen.close()
+
+
+@pytest.mark.parametrize("name", ["not_an_input", None])
+def test_a_manifest_that_misnames_the_extra_row_input_is_refused_at_load(
+    tiny_package: Path, name: str | None
+) -> None:
+    manifest = Manifest.read(tiny_package)
+    wrong = dataclasses.replace(manifest.io, extra_row_input=name)
+    with pytest.raises(PackageError, match=r"does not match its decoder graph.*re-export"):
+        Generator(
+            tiny_package,
+            dataclasses.replace(manifest, io=wrong),
+            config=RuntimeConfig(threads=1),
+            context_length=64,
+        )

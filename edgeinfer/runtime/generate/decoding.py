@@ -73,6 +73,7 @@ class Decoder:
             )
         except Exception as exc:  # ORT raises its own pybind classes
             raise PackageError(f"cannot load the generate package {path}: {exc}") from exc
+        _check_names(self._session, io, path)
         memory.release_heap()  # the graph's protobuf, parsed and freed
         # External weights next to the graph are mapped; what prepacking read is not needed.
         memory.drop_file_pages(graph.with_name(graph.name + ".data"))
@@ -271,3 +272,28 @@ class Decoder:
             else:
                 token = sample(self.decode_one_token(token, position))
                 position += 1
+
+
+def _check_names(session: Any, io: DecoderIO, path: Path) -> None:
+    """The graph's inputs are exactly those the manifest's io names (the runtime binds each),
+    and its named outputs exist: a manifest that disagrees is refused here, not at a run."""
+    fixed = {"input_ids", "attention_mask", "position_ids"}
+    named = {io.logits_input, io.extra_row_input} - {None}
+    expected = fixed | named | {name for pair in io.past_names for name in pair}
+    graph_inputs = {i.name for i in session.get_inputs()}
+    outputs = {o.name for o in session.get_outputs()}
+    wanted_outputs = {"logits", *([io.argmax_output] if io.argmax_output else [])}
+    wanted_outputs |= {name for pair in io.present_names for name in pair}
+    problems = [f"graph input {n!r} is not in the manifest's io" for n in graph_inputs - expected]
+    problems += [
+        f"the manifest's io names input {n!r}, not in the graph" for n in expected - graph_inputs
+    ]
+    problems += [
+        f"the manifest's io names output {n!r}, not in the graph" for n in wanted_outputs - outputs
+    ]
+    if problems:
+        listed = "; ".join(sorted(problems))
+        raise PackageError(
+            f"{path}: the manifest does not match its decoder graph ({listed}); "
+            "re-export the package with this edgeinfer"
+        )
