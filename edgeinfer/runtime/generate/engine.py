@@ -107,10 +107,10 @@ class Engine:
         self._cond = threading.Condition()
         self._stopping = False
         self.run_seconds = 0.0
-        # Metrics: inter-token gaps, queue waits (ms) and (time, tokens) per step.
+        # Metrics: inter-token gaps, queue waits (ms) and token times.
         self._gaps: deque[float] = deque(maxlen=4096)
         self._waits: deque[float] = deque(maxlen=512)
-        self._produced: deque[tuple[float, int]] = deque(maxlen=4096)
+        self._produced: deque[float] = deque(maxlen=4096)  # when each token came
         self.tokens = 0
         self._thread = threading.Thread(target=self._loop, name="edgeinfer-batch", daemon=True)
         self._thread.start()
@@ -177,7 +177,7 @@ class Engine:
         """What the engine runs now and how fast: active and waiting sequences, aggregate
         tokens/s over the last 10 s, inter-token p50/p99 and queue-wait p50 (ms), KV bytes."""
         now = time.perf_counter()
-        recent = sum(n for t, n in list(self._produced) if now - t <= _WINDOW_S)
+        recent = sum(1 for t in list(self._produced) if now - t <= _WINDOW_S)
         # list(): one C-level copy each, taken whole while the engine's thread appends
         gaps, waits = np.array(list(self._gaps) or [0.0]), np.array(list(self._waits) or [0.0])
         return {
@@ -375,7 +375,7 @@ class Engine:
         if len(times) > 1:
             self._gaps.append((times[-1] - times[-2]) * 1e3)
         self.tokens += 1
-        self._produced.append((times[-1], 1))
+        self._produced.append(times[-1])
         seq.put(token, chunk)
         if seq.done:
             seq.end(chunk=seq.close(self._decode))

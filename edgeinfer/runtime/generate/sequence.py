@@ -84,8 +84,8 @@ class Sequence:
         """Record one generated token; the text it makes safe to send. Sets ``done`` (and the
         state's ``finish``) when this token ends the sequence."""
         self.generated.append(token)
-        self.state.tick(self.started)
         now = time.perf_counter()
+        self.state.tick(now - self.started)
         self.token_s.append(now)
         chunk = None
         if token in self.stop_token_ids:

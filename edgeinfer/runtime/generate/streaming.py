@@ -8,7 +8,6 @@ not sent yet. The text of the whole answer is never rebuilt while streaming.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
@@ -85,11 +84,11 @@ class StreamState:
     def __post_init__(self) -> None:
         self.ids: list[int] = []
 
-    def tick(self, started: float) -> None:
-        now = time.perf_counter() - started
+    def tick(self, elapsed_s: float) -> None:
+        """One token, ``elapsed_s`` after the request began."""
         if self.count == 0:
-            self.ttft_s = now
-        self.last_s = now
+            self.ttft_s = elapsed_s
+        self.last_s = elapsed_s
         self.count += 1
 
     def decode_rate(self) -> float:
