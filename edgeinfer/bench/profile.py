@@ -10,9 +10,9 @@ stages of their own; ``wire=None`` calls the model directly.
 
 The package is loaded with the profiler on and no warm-up; the request runs once to warm the
 session (allocation, kernel selection), then, after a pause that keeps the two apart on the
-profiler's clock, once more: that second run is the one reported. Each session's profile file
-is named after ``time.time_ns()`` taken just before the session started, which places its
-events on the request's clock to within a few milliseconds (``runtime.session.session_options``).
+profiler's clock, once more: that second run is the one reported. Beside each session's
+profile file lies the time its profiler's clock started, on ``time.time_ns()``'s clock
+(``runtime.session.mark_profile_start``), which places its events on the request's clock.
 """
 
 from __future__ import annotations
@@ -39,11 +39,8 @@ __all__ = ["WIRES", "Profile", "Stage", "profile"]
 WIRES = ("json", "msgpack")
 _IMAGE_FORMATS = {".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png"}
 
-# Between the warm-up request and the measured one, and how early a measured event may seem:
-# the profiler's clock starts a fraction of a millisecond after its stamp (8 ms measured on a
-# loaded machine), so events seem that much early; no warm-up run comes within the margin.
+# Between the warm-up request and the measured one.
 _GAP_S = 0.3
-_MARGIN_NS = 150_000_000
 
 
 @dataclass(frozen=True)
@@ -167,7 +164,7 @@ def profile(
             model.close()
         del model, request  # the request's closure holds the model too
         gc.collect()  # the sessions write their profiles when freed
-        events = _ort_events(folder, started - _MARGIN_NS, ended)
+        events = _ort_events(folder, started, ended)
     total_ms = (ended - started) / 1e6
     host = _host_stages(task, before.latency_ms, after.latency_ms)
     stages, runs = _breakdown(events, host, spans, total_ms)
@@ -299,8 +296,9 @@ def _ort_events(folder: Path, start_ns: int, end_ns: int) -> list[dict[str, Any]
         raise InferenceError("onnxruntime wrote no profile; the package's sessions did not run")
     out = []
     for path in files:
-        origin, _, rest = path.name.partition(".")
-        graph = rest.rsplit("_", 3)[0]  # ORT appends _YYYY-MM-DD_HH-MM-SS_mmm.json
+        prefix = path.name.rsplit("_", 3)[0]  # ORT appends _YYYY-MM-DD_HH-MM-SS_mmm.json
+        graph = prefix.partition(".")[2]
+        origin = (folder / f"{prefix}.start").read_text(encoding="utf-8")
         for event in json.loads(path.read_text(encoding="utf-8")):
             if event.get("ph") != "X":
                 continue

@@ -14,14 +14,14 @@ from edgeinfer.errors import InferenceError, PackageError
 from edgeinfer.providers import with_options
 from edgeinfer.runtime import memory
 
-__all__ = ["GraphSession", "session_options"]
+__all__ = ["GraphSession", "mark_profile_start", "session_options"]
 
 
 def session_options(config: RuntimeConfig, *, graph: Path | None = None) -> Any:
     """onnxruntime ``SessionOptions`` for ``config``: threads, spinning and optimization level;
     with ``config.profile_dir``, the profiler on, its file named ``<ns>.<graph stem>_*.json``
-    where ``<ns>`` is ``time.time_ns()`` just before the session starts (``runtime.profile``
-    places the events on the request's clock with it)."""
+    where ``<ns>`` is ``time.time_ns()`` just before the session starts (a unique name; the
+    profiler's own start is written beside it by ``mark_profile_start``)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -40,6 +40,16 @@ def session_options(config: RuntimeConfig, *, graph: Path | None = None) -> Any:
     return so
 
 
+def mark_profile_start(session: Any, options: Any) -> None:
+    """With the profiler on, write the time its clock started (``time.time_ns()``'s clock, read
+    from onnxruntime) to ``<prefix>.start``: its events' ``ts`` count from it, so
+    ``bench.profile`` places them on the request's clock exactly, however long the session
+    took to start on a loaded machine."""
+    if options.enable_profiling:
+        start = session.get_profiling_start_time_ns()
+        Path(f"{options.profile_file_prefix}.start").write_text(str(start), encoding="utf-8")
+
+
 class GraphSession:
     """One ONNX graph loaded into an onnxruntime ``InferenceSession``.
 
@@ -52,17 +62,19 @@ class GraphSession:
     def __init__(self, path: Path, *, providers: list[str], config: RuntimeConfig) -> None:
         import onnxruntime as ort
 
+        options = session_options(config, graph=path)
         try:
             self._session = ort.InferenceSession(
                 str(path),
                 providers=with_options(providers, package=path.parent),
-                sess_options=session_options(config, graph=path),  # last: its clock stamp
+                sess_options=options,
             )
         except Exception as exc:  # ORT raises its own pybind classes, not a public hierarchy
             raise PackageError(
                 f"onnxruntime could not load {path.name}: {exc}. The file is corrupt or was "
                 "exported for a newer onnxruntime; re-export the package"
             ) from exc
+        mark_profile_start(self._session, options)
         self.path = path
         self.input_names = [i.name for i in self._session.get_inputs()]
         self.output_names = [o.name for o in self._session.get_outputs()]

@@ -28,7 +28,7 @@ from edgeinfer.runtime import memory
 from edgeinfer.runtime.generate.kvcache import KVCache, device_for
 from edgeinfer.runtime.generate.lookup import PromptLookup, accept_greedy
 from edgeinfer.runtime.generate.sampling import Sampler
-from edgeinfer.runtime.session import session_options
+from edgeinfer.runtime.session import mark_profile_start, session_options
 
 __all__ = ["Decoder"]
 
@@ -63,16 +63,18 @@ class Decoder:
                 f"context_length must be in [2, {io.context_length}], got {context_length}"
             )
         graph = Path(path) / io.graph
+        options = session_options(config, graph=graph)
         try:
             self._session = ort.InferenceSession(
                 str(graph),
                 providers=eps.with_options(
                     eps.resolve(config.providers or tuple(manifest.providers)), package=Path(path)
                 ),
-                sess_options=session_options(config, graph=graph),  # last: its clock stamp
+                sess_options=options,
             )
         except Exception as exc:  # ORT raises its own pybind classes
             raise PackageError(f"cannot load the generate package {path}: {exc}") from exc
+        mark_profile_start(self._session, options)
         _check_names(self._session, io, path)
         memory.release_heap()  # the graph's protobuf, parsed and freed
         # External weights next to the graph are mapped; what prepacking read is not needed.
