@@ -48,6 +48,17 @@ class RuntimeConfig:
             unlisted files are refused either way: ``Manifest.check_layout``).
         profile_dir: onnxruntime's profiler on: every session writes its per-op events into
             this folder when it is freed (``edgeinfer profile``; slows every run a little).
+        file_backed_prepacks: on the CPU provider, keep the kernels' prepacked weights in a
+            file made on this machine's first load (``runtime.prepacked``) instead of
+            anonymous memory: under a memory limit they are evicted and re-read, so the process
+            slows down where it would be killed. Off by default: the first load writes the
+            graph again with its prepacks (about twice the package's weights on disk).
+        prepack_cache_dir: where those files go; ``None``: ``default_cache_dir()/prepacked``.
+        memory_budget_bytes: the memory a generate package may grow into: a request whose KV
+            cache would not fit beside what the process already holds in anonymous memory is
+            refused before it runs (``MemoryBudgetError``), and continuous batching admits
+            within it. ``None``: the cgroup's memory limit when the process runs under one
+            (systemd ``MemoryMax=``, a container's limit), else no budget.
     """
 
     providers: tuple[str, ...] | None = None
@@ -56,8 +67,13 @@ class RuntimeConfig:
     warmup_runs: int = 2
     verify: bool = True
     profile_dir: Path | None = None
+    file_backed_prepacks: bool = False
+    prepack_cache_dir: Path | None = None
+    memory_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        if self.memory_budget_bytes is not None and self.memory_budget_bytes < 1:
+            raise ConfigError(f"memory_budget_bytes must be >= 1, got {self.memory_budget_bytes}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.warmup_runs < 0:

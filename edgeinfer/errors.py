@@ -14,7 +14,10 @@ so that callers catch one tree and still see the cause.
     │   └── IntegrityError          integrity      a file's sha256 or size differs from the manifest
     ├── ProviderError               provider       no requested execution provider can run
     ├── InputError                  bad_input      an input the model cannot take (empty, too long)
-    │   └── ContextLengthExceededError  context_length  prompt + max_new_tokens > the context
+    │   ├── ContextLengthExceededError  context_length  prompt + max_new_tokens > the context
+    │   └── MemoryBudgetError       memory_budget  a request's KV cache would not fit the memory
+    │                                              budget (``RuntimeConfig.memory_budget_bytes``
+    │                                              or the cgroup's limit)
     ├── InferenceError              inference      onnxruntime failed while running a graph
     ├── BridgeError                 bridge         the MQTT bridge or its client failed
     │   ├── BrokerAuthError         broker_auth    the broker refused the login (user, password)
@@ -56,6 +59,7 @@ __all__ = [
     "InputError",
     "IntegrityError",
     "ManifestError",
+    "MemoryBudgetError",
     "MissingDependencyError",
     "PackageError",
     "ParityError",
@@ -193,6 +197,27 @@ class ContextLengthExceededError(InputError):
         self.prompt_tokens = prompt_tokens
         self.max_new_tokens = max_new_tokens
         self.context_length = context_length
+
+
+class MemoryBudgetError(InputError):
+    """A request's KV cache would take more memory than the budget leaves (the budget less
+    what the process already holds and cannot give back); raised before any graph runs, so a
+    limit is never met by an OOM kill mid-request."""
+
+    code = "memory_budget"
+
+    def __init__(self, *, needed_bytes: int, free_bytes: int, budget_bytes: int, fits: int) -> None:
+        super().__init__(
+            f"this request needs {needed_bytes / 2**20:.1f} MiB more for its KV cache; the "
+            f"memory budget of {budget_bytes / 2**20:.0f} MiB leaves "
+            f"{max(free_bytes, 0) / 2**20:.1f} MiB: ask for at most {max(fits, 0)} tokens "
+            "(prompt + max_new_tokens), or raise the limit (RuntimeConfig.memory_budget_bytes, "
+            "the cgroup's memory.max)"
+        )
+        self.needed_bytes = needed_bytes
+        self.free_bytes = free_bytes
+        self.budget_bytes = budget_bytes
+        self.fits = fits
 
 
 class BridgeError(EdgeInferError):

@@ -35,12 +35,13 @@ def _package(spec: dict[str, Any]) -> Measure:
     from edgeinfer.runtime.generate.generator import Generator
 
     path, ids, tokens = Path(spec["path"]), list(spec["prompt_ids"]), int(spec["tokens"])
-    gen = Generator(
-        path,
-        Manifest.read(path),
-        config=RuntimeConfig(threads=int(spec["threads"])),
-        context_length=len(ids) + tokens + 1,
+    prepacks = spec.get("prepack_cache_dir")  # file-backed prepacks, kept there
+    config = RuntimeConfig(
+        threads=int(spec["threads"]),
+        file_backed_prepacks=prepacks is not None,
+        prepack_cache_dir=None if prepacks is None else Path(prepacks),
     )
+    gen = Generator(path, Manifest.read(path), config=config, context_length=len(ids) + tokens + 1)
 
     def measure(with_tokens: bool) -> dict[str, Any]:
         gen.forget_prefix()  # a cold prefill every run

@@ -12,9 +12,11 @@ from the cache before each run (``POSIX_FADV_DONTNEED``): a weight file cached b
 outside the cgroup would otherwise be free inside it. Creating cgroups needs root (or a
 delegated hierarchy); ``cgroup_unavailable`` says why not when it cannot.
 
-``python -m edgeinfer.bench.memory_limit PKG [--gguf FILE] [--tokens 64] [--json]`` runs the
-sweep for the package and the GGUF side by side. Bench layer: stdlib, and the generation worker
-(``edgeinfer.bench.generation_worker``) in the limited process.
+``python -m edgeinfer.bench.memory_limit PKG [--gguf FILE] [--file-backed DIR] [--tokens 64]
+[--json]`` runs the sweep for the package, the package with file-backed prepacks
+(``RuntimeConfig.file_backed_prepacks``, kept in DIR) and the GGUF side by side. Bench layer:
+stdlib, and the generation worker (``edgeinfer.bench.generation_worker``) in the limited
+process.
 """
 
 from __future__ import annotations
@@ -154,16 +156,22 @@ def run_limited(
     tokens: int = 64,
     threads: int = 2,
     timeout_s: float = 300.0,
+    prepack_cache_dir: Path | None = None,
 ) -> LimitedRun:
     """Load ``path`` (``kind`` "package" or "llamacpp") in a process under ``limit_bytes``
     and decode ``tokens`` greedy tokens after ``prompt_ids``, ``RUNS`` times (the median
-    run is reported).
+    run is reported). ``prepack_cache_dir``: a package with file-backed prepacks kept there
+    (``RuntimeConfig.file_backed_prepacks``; built by the first run that finds none).
 
     Raises:
         ConfigError: no memory cgroup can be made here (``cgroup_unavailable`` says why).
     """
     group = _Cgroup(limit_bytes) if limit_bytes is not None else None
-    spec = {"kind": kind, "path": str(path), "prompt_ids": list(prompt_ids)}
+    spec: dict[str, Any] = {"kind": kind, "path": str(path), "prompt_ids": list(prompt_ids)}
+    if prepack_cache_dir is not None:
+        spec["prepack_cache_dir"] = str(prepack_cache_dir)
+        if prepack_cache_dir.is_dir():
+            _drop_cache(prepack_cache_dir)
     commands = [{**spec, "tokens": tokens, "threads": threads, "warmup": 0}]
     commands += [{"cmd": "measure", "warmup": 0, "runs": RUNS}, {"cmd": "quit"}]
     _drop_cache(path)
@@ -211,30 +219,52 @@ def smallest_limit(
     threads: int = 2,
     step_bytes: int = STEP_BYTES,
     min_fraction: float = MIN_FRACTION,
+    prepack_cache_dir: Path | None = None,
 ) -> SweepResult:
     """Step the limit down from the engine's unconstrained peak (rounded up to a step) until
-    it decodes below ``min_fraction`` of its unconstrained rate, or fails."""
-    free = run_limited(kind, path, prompt_ids, limit_bytes=None, tokens=tokens, threads=threads)
+    it decodes below ``min_fraction`` of its unconstrained rate, or fails. The unconstrained
+    run builds the file-backed prepacks in ``prepack_cache_dir`` if there are none yet."""
+
+    def run(limit_bytes: int | None) -> LimitedRun:
+        return run_limited(
+            kind,
+            path,
+            prompt_ids,
+            limit_bytes=limit_bytes,
+            tokens=tokens,
+            threads=threads,
+            prepack_cache_dir=prepack_cache_dir,
+        )
+
+    free = run(None)
     if free.decode_tokens_per_s is None:
         raise EdgeInferError(f"{path} did not decode without a limit: {free.error}")
     runs = [free]
     limit = -(-free.peak_rss_bytes // step_bytes) * step_bytes
     smallest = None
     while limit > 0:
-        run = run_limited(kind, path, prompt_ids, limit_bytes=limit, tokens=tokens, threads=threads)
-        runs.append(run)
-        rate = run.decode_tokens_per_s
+        runs.append(run(limit))
+        rate = runs[-1].decode_tokens_per_s
         if rate is None or rate < min_fraction * free.decode_tokens_per_s:
             break
         smallest, limit = limit, limit - step_bytes
-    return SweepResult(str(path), smallest, free.decode_tokens_per_s, tuple(runs))
+    engine = f"{path} (file-backed prepacks)" if prepack_cache_dir is not None else str(path)
+    return SweepResult(engine, smallest, free.decode_tokens_per_s, tuple(runs))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m edgeinfer.bench.memory_limit PKG [--gguf FILE] [--tokens N] [--json]``."""
+    """``python -m edgeinfer.bench.memory_limit PKG [--gguf FILE] [--file-backed DIR]
+    [--tokens N] [--json]``."""
     parser = argparse.ArgumentParser(prog="python -m edgeinfer.bench.memory_limit")
     parser.add_argument("package", type=Path, help="generate package folder")
     parser.add_argument("--gguf", type=Path, default=None, help="llama.cpp beside it")
+    parser.add_argument(
+        "--file-backed",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the package again with file-backed prepacks kept in DIR",
+    )
     parser.add_argument("--tokens", type=int, default=64, help="greedy decode steps")
     parser.add_argument("--threads", type=int, default=2, help="threads per engine")
     parser.add_argument("--json", action="store_true", help="print as JSON")
@@ -243,9 +273,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         ids = prompt_ids(args.package)
-        engines = [("package", args.package)] + ([("llamacpp", args.gguf)] if args.gguf else [])
+        engines: list[tuple[str, Path, Path | None]] = [("package", args.package, None)]
+        if args.file_backed is not None:
+            engines.append(("package", args.package, args.file_backed))
+        if args.gguf is not None:
+            engines.append(("llamacpp", args.gguf, None))
         found = [
-            smallest_limit(k, p, ids, tokens=args.tokens, threads=args.threads) for k, p in engines
+            smallest_limit(
+                kind, path, ids, tokens=args.tokens, threads=args.threads, prepack_cache_dir=cache
+            )
+            for kind, path, cache in engines
         ]
     except EdgeInferError as exc:
         sys.stderr.write(f"error ({exc.code}): {exc}\n")

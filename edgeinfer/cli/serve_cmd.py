@@ -94,6 +94,23 @@ def serve(
             min=1,
         ),
     ] = None,
+    file_backed_prepacks: Annotated[
+        bool,
+        typer.Option(
+            "--file-backed-prepacks",
+            help="keep onnxruntime's prepacked weights in a file made on the first load "
+            "(~2x the weights on disk): under a memory limit they are evicted and re-read, so "
+            "the process slows down where it would be OOM-killed",
+        ),
+    ] = False,
+    memory_budget_mb: Annotated[
+        int | None,
+        typer.Option(
+            help="memory generations may grow into (MiB; default: the cgroup's limit); a "
+            "request whose KV would not fit is refused with memory_budget",
+            min=1,
+        ),
+    ] = None,
     reply_topic: Annotated[
         list[str] | None,
         typer.Option(
@@ -169,7 +186,11 @@ def serve(
     if len(set(names)) != len(names):
         raise ConfigError(f"two packages share a folder name (the topic level): {names}")
     # Several spinning sessions in one process fight for the cores: spin only with one model.
-    runtime = edgeinfer.RuntimeConfig(spin_wait=len(packages) == 1)
+    runtime = edgeinfer.RuntimeConfig(
+        spin_wait=len(packages) == 1,
+        file_backed_prepacks=file_backed_prepacks,
+        memory_budget_bytes=None if memory_budget_mb is None else memory_budget_mb << 20,
+    )
     cache_config = edgeinfer.CacheConfig(directory=cache_dir) if cache else None
 
     def load(path: Path) -> Any:

@@ -13,6 +13,11 @@ Two kinds of pages outlive their use when a generate package loads:
 
 A mapping is dropped only while it holds no page of its own (``Anonymous: 0`` in smaps: nothing
 was ever written to it), so ``MADV_DONTNEED`` discards nothing but clean file pages.
+
+What a memory limit leaves: ``limit_bytes`` reads the tightest cgroup limit this process runs
+under (v2 ``memory.max`` of its group and those above; v1 ``hierarchical_memory_limit``), and
+``anonymous_bytes`` what of this process the kernel can neither drop nor re-read (RssAnon: the
+heap, KV caches, prepacks held in memory). File pages are left out: a limit evicts them.
 """
 
 from __future__ import annotations
@@ -24,10 +29,19 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["Mapping", "drop_file_pages", "mappings", "release_heap"]
+__all__ = [
+    "Mapping",
+    "anonymous_bytes",
+    "drop_file_pages",
+    "limit_bytes",
+    "mappings",
+    "release_heap",
+]
 
 _MADV_RANDOM = 1  # no read-around: a gathered row maps its own page, not 64 KiB around it
 _MADV_DONTNEED = 4
+_CGROUP = Path("/sys/fs/cgroup")
+_UNLIMITED = 2**60  # cgroup v1 writes "no limit" as 2^63 rounded down to a page
 
 
 def _libc() -> Any:
@@ -96,3 +110,59 @@ def drop_file_pages(path: Path) -> int:
         for advice in (_MADV_RANDOM, _MADV_DONTNEED):
             madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), advice)
     return len(ranges)
+
+
+def limit_bytes() -> int | None:
+    """The tightest cgroup memory limit over this process's group and the groups above it;
+    ``None`` when there is none (or this is not Linux)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    found = []
+    for line in lines:
+        _, controllers, group = line.split(":", 2)
+        if controllers == "":  # cgroup v2: memory.max of the group and every parent
+            folder = _CGROUP / group.lstrip("/")
+            while _CGROUP in folder.parents or folder == _CGROUP:
+                found.append(_read_limit(folder / "memory.max"))
+                if folder == _CGROUP:
+                    break
+                folder = folder.parent
+        elif "memory" in controllers.split(","):  # v1: the kernel folds the parents in
+            stat = _CGROUP / "memory" / group.lstrip("/") / "memory.stat"
+            if not stat.is_file():  # a container sees its own group as the root
+                stat = _CGROUP / "memory" / "memory.stat"
+            found.append(_stat_value(stat, "hierarchical_memory_limit"))
+    limits = [v for v in found if v is not None and v < _UNLIMITED]
+    return min(limits) if limits else None
+
+
+def _read_limit(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return None if text == "max" or not text.isdigit() else int(text)
+
+
+def _stat_value(path: Path, key: str) -> int | None:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        pass
+    return None
+
+
+def anonymous_bytes() -> int:
+    """This process's anonymous resident memory (RssAnon); 0 where the kernel does not say."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

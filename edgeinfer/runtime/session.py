@@ -12,21 +12,29 @@ import numpy as np
 from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import InferenceError, PackageError
 from edgeinfer.providers import with_options
-from edgeinfer.runtime import memory
+from edgeinfer.runtime import memory, prepacked
 
 __all__ = ["GraphSession", "mark_profile_start", "session_options"]
 
 
-def session_options(config: RuntimeConfig, *, graph: Path | None = None) -> Any:
+def session_options(
+    config: RuntimeConfig, *, graph: Path | None = None, optimized: bool = False
+) -> Any:
     """onnxruntime ``SessionOptions`` for ``config``: threads, spinning and optimization level;
     with ``config.profile_dir``, the profiler on, its file named ``<ns>.<graph stem>_*.json``
     where ``<ns>`` is ``time.time_ns()`` just before the session starts (a unique name; the
-    profiler's own start is written beside it by ``mark_profile_start``)."""
+    profiler's own start is written beside it by ``mark_profile_start``). ``optimized``: the
+    graph was saved by onnxruntime already optimized for this machine (``runtime.prepacked``),
+    so it is not optimized again."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     # Export already ran the transformer fusions; ENABLE_ALL adds the CPU layout transforms.
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        if optimized
+        else ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    )
     so.intra_op_num_threads = config.intra_op_threads
     # One graph at a time per request: a second pool would only compete for the same cores.
     so.inter_op_num_threads = 1
@@ -62,10 +70,16 @@ class GraphSession:
     def __init__(self, path: Path, *, providers: list[str], config: RuntimeConfig) -> None:
         import onnxruntime as ort
 
-        options = session_options(config, graph=path)
+        graph = prepacked.graph_to_load(
+            path,
+            providers=providers,
+            config=config,
+            options=lambda: session_options(config, graph=path),
+        )
+        options = session_options(config, graph=path, optimized=graph != path)
         try:
             self._session = ort.InferenceSession(
-                str(path),
+                str(graph),
                 providers=with_options(providers, package=path.parent),
                 sess_options=options,
             )

@@ -24,7 +24,7 @@ from edgeinfer.config import RuntimeConfig, SamplingConfig
 from edgeinfer.errors import ConfigError, ContextLengthExceededError, InferenceError, PackageError
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import DecoderIO
-from edgeinfer.runtime import memory
+from edgeinfer.runtime import memory, prepacked
 from edgeinfer.runtime.generate.kvcache import KVCache, device_for
 from edgeinfer.runtime.generate.lookup import PromptLookup, accept_greedy
 from edgeinfer.runtime.generate.sampling import Sampler
@@ -62,14 +62,19 @@ class Decoder:
             raise ConfigError(
                 f"context_length must be in [2, {io.context_length}], got {context_length}"
             )
-        graph = Path(path) / io.graph
-        options = session_options(config, graph=graph)
+        providers = eps.resolve(config.providers or tuple(manifest.providers))
+        packaged = Path(path) / io.graph
+        graph = prepacked.graph_to_load(
+            packaged,
+            providers=providers,
+            config=config,
+            options=lambda: session_options(config, graph=packaged),
+        )
+        options = session_options(config, graph=packaged, optimized=graph != packaged)
         try:
             self._session = ort.InferenceSession(
                 str(graph),
-                providers=eps.with_options(
-                    eps.resolve(config.providers or tuple(manifest.providers)), package=Path(path)
-                ),
+                providers=eps.with_options(providers, package=Path(path)),
                 sess_options=options,
             )
         except Exception as exc:  # ORT raises its own pybind classes

@@ -5,6 +5,7 @@ on disk for system prompts).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -17,7 +18,13 @@ from edgeinfer.config import (
     RuntimeConfig,
     SamplingConfig,
 )
-from edgeinfer.errors import ConfigError, ContextLengthExceededError, InputError, PackageError
+from edgeinfer.errors import (
+    ConfigError,
+    ContextLengthExceededError,
+    InputError,
+    MemoryBudgetError,
+    PackageError,
+)
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import DecoderIO
 from edgeinfer.runtime import memory
@@ -25,10 +32,23 @@ from edgeinfer.runtime.generate import prefix_store
 from edgeinfer.runtime.generate.chat import Prompt, render_chat
 from edgeinfer.runtime.generate.decoding import Decoder
 from edgeinfer.runtime.generate.engine import Engine
+from edgeinfer.runtime.generate.kvcache import GROWTH_TOKENS
 from edgeinfer.runtime.generate.sequence import Sequence as Request
 from edgeinfer.runtime.generate.streaming import GenerationResult, TextChunk, TextStream
 
 __all__ = ["Generator"]
+
+# What serving one request allocates besides its KV (logits, the sampler's arrays, Python's
+# objects), kept free under the memory budget.
+_RESERVE_BYTES = 8 * 2**20
+# Positions a request may write past prompt + max_new_tokens: the graph's spare row and a
+# prompt-lookup draft verified at the end (8 rows by default).
+_SPARE_POSITIONS = 16
+
+
+def _room_bytes(budget_bytes: int) -> int:
+    """What ``budget_bytes`` leaves beside the process's anonymous memory now."""
+    return budget_bytes - memory.anonymous_bytes() - _RESERVE_BYTES
 
 
 class Generator(Decoder):
@@ -95,7 +115,27 @@ class Generator(Decoder):
                 max_bytes=prefix_cache.max_bytes,
             )
         )
+        # What the process may still grow into: requests are refused before they would pass it.
+        budget = self.memory_budget_bytes = config.memory_budget_bytes or memory.limit_bytes()
+        if batching is not None and batching.kv_budget_bytes is None and budget is not None:
+            room = max(_room_bytes(budget), 1)  # nothing left: every request refused, clearly
+            batching = dataclasses.replace(batching, kv_budget_bytes=room)
         self.engine = None if batching is None else Engine(self, batching, decode=self.decode)
+
+    def _check_memory(self, tokens: int) -> None:
+        """Refuse a one-sequence request of ``tokens`` positions whose KV growth would not fit
+        the memory budget (the grown buffers are allocated before the old ones go)."""
+        cache, budget = self.cache, self.memory_budget_bytes
+        grown = min(cache.limit, -(-(tokens + _SPARE_POSITIONS) // GROWTH_TOKENS) * GROWTH_TOKENS)
+        if budget is None or grown <= cache.capacity:
+            return
+        per_token = cache.nbytes // cache.capacity
+        room = _room_bytes(budget)
+        if grown * per_token > room:
+            fits = max(cache.capacity, room // per_token // GROWTH_TOKENS * GROWTH_TOKENS) - 1
+            raise MemoryBudgetError(
+                needed_bytes=grown * per_token, free_bytes=room, budget_bytes=budget, fits=fits
+            )
 
     # -- prompt --------------------------------------------------------------------------------
 
@@ -230,8 +270,11 @@ class Generator(Decoder):
     ) -> Request:
         """The request's sequence: its ids, sampler, text stream and stop rules."""
         started = time.perf_counter()
+        ids = self.encode(prompt)
+        if self.engine is None:  # the engine admits within its KV budget
+            self._check_memory(len(ids) + max_new_tokens)
         return Request(
-            self.encode(prompt),
+            ids,
             max_new_tokens=max_new_tokens,
             sampling=sampling or SamplingConfig(),
             stop_token_ids=self.stop_token_ids,
