@@ -199,13 +199,9 @@ def distribution_sizes(
         dist = index.get(name)
         if dist is None:
             continue
-        total = count = 0
-        for file in dist.files or ():
-            located = Path(str(dist.locate_file(file)))
-            if located.is_file():
-                total += located.stat().st_size
-                count += 1
-        sizes.append(DistributionSize(dist.metadata["Name"], dist.version, total, count))
+        files = [p for f in dist.files or () if (p := Path(str(dist.locate_file(f)))).is_file()]
+        total = sum(p.stat().st_size for p in files)
+        sizes.append(DistributionSize(dist.metadata["Name"], dist.version, total, len(files)))
     return sorted(sizes, key=lambda d: d.bytes, reverse=True)
 
 
@@ -249,14 +245,18 @@ def loaded_distributions() -> list[str]:
     return sorted({dist for top in tops for dist in owners.get(top, ())})
 
 
-def measure_serving(package: str | Path, *, threads: int | None = None) -> ServingFootprint:
-    """Import the runtime, load ``package``, answer one request; measure memory at each step.
+def measure_serving(
+    package: str | Path, *, threads: int | None = None, file_backed_prepacks: bool = False
+) -> ServingFootprint:
+    """Import the runtime, load ``package`` (its prepacks file-backed if asked: their pages
+    count as file-backed weights), answer one request; measure memory at each step.
 
     Call it in a fresh process (``measure_serving_in_subprocess``): memory that the process
     already holds counts as the package's.
     """
     import tokenizers
 
+    from edgeinfer.config import RuntimeConfig, default_cache_dir
     from edgeinfer.manifest import Manifest
     from edgeinfer.package_io import DecoderIO
     from edgeinfer.runtime import load, memory
@@ -272,7 +272,9 @@ def measure_serving(package: str | Path, *, threads: int | None = None) -> Servi
         tokenizer = max(0, memory_usage().anonymous_bytes - libraries.anonymous_bytes)
         del loaded
         memory.release_heap()
-    model = load(folder, threads=threads)
+    model = load(
+        folder, config=RuntimeConfig(threads=threads, file_backed_prepacks=file_backed_prepacks)
+    )
     kv_tokens = kv_per_token = 0
     if model.task == "generate":
         result = model.generate(SAMPLE_PROMPT, max_new_tokens=SAMPLE_NEW_TOKENS)
@@ -285,8 +287,9 @@ def measure_serving(package: str | Path, *, threads: int | None = None) -> Servi
     else:
         model.embed(list(SAMPLE_TEXTS))
     serving = memory_usage()
+    weights = [folder, default_cache_dir() / "prepacked"] if file_backed_prepacks else [folder]
     found = breakdown_of(
-        folder, libraries, serving, tokenizer=tokenizer, kv_bytes_per_token=kv_per_token,
+        weights, libraries, serving, tokenizer=tokenizer, kv_bytes_per_token=kv_per_token,
         kv_tokens=kv_tokens,
     )  # fmt: skip
     model.close()
@@ -302,7 +305,7 @@ def measure_serving(package: str | Path, *, threads: int | None = None) -> Servi
 
 
 def breakdown_of(
-    package: Path,
+    weights: Sequence[Path],
     libraries: MemoryUsage,
     serving: MemoryUsage,
     *,
@@ -311,10 +314,11 @@ def breakdown_of(
     kv_tokens: int = 0,
 ) -> Breakdown:
     """Split ``serving`` (this process now) against ``libraries`` (after the imports): the
-    package's resident file pages, the tokenizer and KV cache as measured, the rest."""
+    resident pages of files in ``weights`` (the package, the prepack cache), the tokenizer and
+    KV cache as measured, the rest."""
     from edgeinfer.runtime import memory
 
-    inside = str(Path(package).resolve()) + "/"
+    inside = tuple(str(Path(folder).resolve()) + "/" for folder in weights)
     file_weights = sum(
         m.rss_bytes - m.anonymous_bytes for m in memory.mappings() if m.path.startswith(inside)
     )
@@ -338,6 +342,7 @@ def measure_serving_in_subprocess(
     threads: int | None = None,
     python: str = sys.executable,
     timeout_s: float = 900.0,
+    file_backed_prepacks: bool = False,
 ) -> ServingFootprint:
     """``measure_serving`` in a fresh ``python`` process (default: this interpreter).
 
@@ -345,8 +350,8 @@ def measure_serving_in_subprocess(
         InferenceError: the process failed or timed out (its last error line is quoted).
     """
     command = [python, "-m", "edgeinfer.bench.footprint", str(package), "--json"]
-    if threads is not None:
-        command += ["--threads", str(threads)]
+    command += ["--threads", str(threads)] if threads is not None else []
+    command += ["--file-backed-prepacks"] if file_backed_prepacks else []
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
@@ -361,29 +366,31 @@ def measure_serving_in_subprocess(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m edgeinfer.bench.footprint PKG [--threads N] [--json]``; exit 2 on an error."""
+    """``python -m edgeinfer.bench.footprint PKG [--threads N] [--file-backed-prepacks]
+    [--json]``; exit 2 on an error."""
     parser = argparse.ArgumentParser(
         prog="python -m edgeinfer.bench.footprint", description=__doc__
     )
     parser.add_argument("package", help="package folder")
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads")
     parser.add_argument("--json", action="store_true", help="print as JSON")
+    parser.add_argument("--file-backed-prepacks", action="store_true", help="prepacks in files")
     args = parser.parse_args(argv)
     try:
-        found = measure_serving(args.package, threads=args.threads)
+        found = measure_serving(
+            args.package, threads=args.threads, file_backed_prepacks=args.file_backed_prepacks
+        )
     except EdgeInferError as exc:
         sys.stderr.write(f"error ({exc.code}): {exc}\n")
         return 2
     if args.json:
         sys.stdout.write(json.dumps(found.to_dict(), indent=2) + "\n")
         return 0
-    mb = 1e6
+    rss, peak, alone = (found.serving.rss_bytes, found.serving.peak_rss_bytes, found.libraries)
     sys.stdout.write(
-        f"{found.package} ({found.task}, {found.machine}): "
-        f"RSS {found.serving.rss_bytes / mb:.0f} MB serving "
-        f"(peak {found.serving.peak_rss_bytes / mb:.0f}, libraries alone "
-        f"{found.libraries.rss_bytes / mb:.0f}); the distributions it imported: "
-        f"{found.installed_bytes / mb:.1f} MB installed\n"
+        f"{found.package} ({found.task}, {found.machine}): RSS {rss / 1e6:.0f} MB serving "
+        f"(peak {peak / 1e6:.0f}, libraries alone {alone.rss_bytes / 1e6:.0f}); the "
+        f"distributions it imported: {found.installed_bytes / 1e6:.1f} MB installed\n"
     )
     return 0
 

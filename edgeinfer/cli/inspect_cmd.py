@@ -33,6 +33,12 @@ def inspect(
             "--footprint", help="measure a process serving it (RSS) and the installed runtime"
         ),
     ] = False,
+    file_backed_prepacks: Annotated[
+        bool,
+        typer.Option(
+            "--file-backed-prepacks", help="for --footprint: serve it with file-backed prepacks"
+        ),
+    ] = False,
 ) -> None:
     """Show a package's manifest, verify every file's sha256, list this device's providers."""
     from edgeinfer import providers
@@ -56,7 +62,9 @@ def inspect(
     report = _placement(package, manifest.providers, providers_opt) if placement else None
     if report is not None:
         info["placement"] = report.to_dict()
-    found = _footprint(package) if footprint else None
+    if file_backed_prepacks and not footprint:
+        raise ConfigError("--file-backed-prepacks is for the footprint: add --footprint")
+    found = _footprint(package, file_backed_prepacks) if footprint else None
     if found is not None:
         info["footprint"] = found
     if json_output:
@@ -139,11 +147,13 @@ def _placement_table(report: PlacementReport) -> Table:
     return table
 
 
-def _footprint(package: Path) -> dict[str, Any]:
+def _footprint(package: Path, file_backed_prepacks: bool) -> dict[str, Any]:
     """RSS of a fresh process serving ``package``; installed size of what the runtime needs."""
     from edgeinfer.bench import footprint
 
-    serving = footprint.measure_serving_in_subprocess(package)
+    serving = footprint.measure_serving_in_subprocess(
+        package, file_backed_prepacks=file_backed_prepacks
+    )
     closure = footprint.distribution_sizes(footprint.requirement_closure())
     imported = {d.name for d in serving.distributions}
     return {

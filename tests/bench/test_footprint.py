@@ -137,3 +137,18 @@ def test_the_breakdown_of_a_generate_package_adds_up(tiny_package: Path) -> None
     # The request's keys and values: a whole number of tokens, at least the prompt's.
     assert parts.kv_bytes_per_token > 0
     assert parts.kv_cache % parts.kv_bytes_per_token == 0 and parts.kv_cache > 0
+
+
+@pytest.mark.slow
+def test_file_backed_prepacks_move_from_anonymous_to_file_weights(
+    smollm2_package: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(tmp_path))  # the prepack cache goes here
+    plain = footprint.measure_serving_in_subprocess(smollm2_package).breakdown
+    backed = footprint.measure_serving_in_subprocess(
+        smollm2_package, file_backed_prepacks=True
+    ).breakdown
+    assert any((tmp_path / "prepacked").iterdir())
+    # ~170 MB of int8 blocks, scales and block sums: counted as mapped weights, not anonymous
+    assert plain.anonymous_weights - backed.anonymous_weights > 100 * 2**20
+    assert backed.file_weights - plain.file_weights > 100 * 2**20

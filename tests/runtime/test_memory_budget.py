@@ -5,6 +5,7 @@ cgroup when one can be made here."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from collections import Counter
@@ -48,11 +49,15 @@ def test_a_request_whose_kv_would_not_fit_is_refused_before_it_runs(
         model.close()
 
 
-def test_continuous_batching_admits_within_the_budget(tiny_package: Path) -> None:
+def test_continuous_batching_admits_within_the_budget(
+    tiny_package: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     starved = edgeinfer.RuntimeConfig(threads=1, warmup_runs=0, memory_budget_bytes=1)
-    model = edgeinfer.load(
-        tiny_package, config=starved, continuous_batching=ContinuousBatchConfig()
-    )
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.runtime.generate.generator"):
+        model = edgeinfer.load(
+            tiny_package, config=starved, continuous_batching=ContinuousBatchConfig()
+        )
+    assert "file_backed_prepacks=True" in caplog.text  # the load says what would help
     try:  # nothing left beside what loading took: every request refused, none run
         with pytest.raises(edgeinfer.ConfigError, match="budget"):
             model.generate("pump valve", max_new_tokens=8)

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         libraries=libraries,
         serving=serving,
         distributions=tuple(footprint.distribution_sizes(footprint.loaded_distributions())),
-        breakdown=footprint.breakdown_of(args.package, libraries, serving),
+        breakdown=footprint.breakdown_of([args.package], libraries, serving),
     )
     if model.task == "generate":  # after the footprint: this loads a second generator
         margins = [greedy_margins(args.package, p, threads=args.threads) for p in PROMPTS]

@@ -6,6 +6,7 @@ on disk for system prompts).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -37,6 +38,8 @@ from edgeinfer.runtime.generate.sequence import Sequence as Request
 from edgeinfer.runtime.generate.streaming import GenerationResult, TextChunk, TextStream
 
 __all__ = ["Generator"]
+
+log = logging.getLogger(__name__)
 
 # What serving one request allocates besides its KV (logits, the sampler's arrays, Python's
 # objects), kept free under the memory budget.
@@ -117,6 +120,19 @@ class Generator(Decoder):
         )
         # What the process may still grow into: requests are refused before they would pass it.
         budget = self.memory_budget_bytes = config.memory_budget_bytes or memory.limit_bytes()
+        if budget is not None and _room_bytes(budget) < budget // 4:
+            log.warning(
+                "%s holds %.0f MiB of anonymous memory under a memory budget of %.0f MiB: "
+                "little room for KV caches, and the kernel kills a process whose anonymous "
+                "memory passes a cgroup's limit; %s",
+                Path(path).name,
+                memory.anonymous_bytes() / 2**20,
+                budget / 2**20,
+                "raise the limit"
+                if config.file_backed_prepacks
+                else "RuntimeConfig(file_backed_prepacks=True) (serve --file-backed-prepacks) "
+                "moves onnxruntime's prepacked weights into evictable file pages",
+            )
         if batching is not None and batching.kv_budget_bytes is None and budget is not None:
             room = max(_room_bytes(budget), 1)  # nothing left: every request refused, clearly
             batching = dataclasses.replace(batching, kv_budget_bytes=room)
