@@ -48,3 +48,45 @@ def test_smollm2_decodes_under_a_limit_at_its_peak(smollm2_package: Path) -> Non
     held = _limited(smollm2_package, _step_above(free.peak_rss_bytes))
     assert not held.oom_killed, "OOM-killed under a limit above its own unconstrained peak"
     assert held.token_ids == free.token_ids
+
+
+_ANONYMOUS_AFTER_LOAD = """
+import sys
+import edgeinfer
+from edgeinfer.runtime import memory
+model = edgeinfer.load(sys.argv[1], config=edgeinfer.RuntimeConfig(threads=2))
+print(memory.anonymous_bytes())
+"""
+
+
+@pytest.mark.slow
+def test_under_its_anonymous_floor_smollm2_is_killed_unless_its_prepacks_are_file_backed(
+    smollm2_package: Path, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    floor = int(
+        subprocess.run(
+            [sys.executable, "-c", _ANONYMOUS_AFTER_LOAD, str(smollm2_package)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    ids = prompt_ids(smollm2_package)
+    cache = tmp_path / "prepacked"
+
+    def run(limit_bytes: int | None, prepacks: Path | None) -> memory_limit.LimitedRun:
+        return memory_limit.run_limited(
+            "package", smollm2_package, ids, limit_bytes=limit_bytes, tokens=8,
+            prepack_cache_dir=prepacks,
+        )  # fmt: skip
+
+    free = run(None, cache)  # builds the entry
+    assert free.decode_tokens_per_s is not None, free.error
+    # 20 MiB under what the plain process holds in anonymous memory: the kernel must kill it
+    limit = (floor - 20 * 2**20) // memory_limit.STEP_BYTES * memory_limit.STEP_BYTES
+    assert run(limit, None).oom_killed
+    backed = run(limit, cache)  # its prepacks are evicted and reread: slower, alive
+    assert not backed.oom_killed and backed.token_ids == free.token_ids, backed.error
