@@ -18,7 +18,7 @@ made on the device rather than at export: the export machine is rarely the devic
 made for one CPU must never run on another. Each entry lists its files' sha256, checked before
 onnxruntime reads them (with ``RuntimeConfig.verify``); a damaged or half-written entry is
 rebuilt, and one that cannot be written (read-only or full disk) leaves the package's own graph
-loading as without the option.
+loading as without the option. A folder keeps the eight most recently used entries.
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ _ENTRY = "entry.json"
 # of their own each would cost more than it saves.
 _MIN_EXTERNAL_BYTES = 1024
 _CPU = "CPUExecutionProvider"
+# Entries kept per cache folder, the most recently used: a gateway's models and the versions a
+# deploy swaps between, without letting every past version's copy fill the disk.
+_KEEP_ENTRIES = 8
 
 
 def cpu_fingerprint() -> str:
@@ -85,10 +88,12 @@ def graph_to_load(
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
     entry = root / f"{graph.stem}-{key}"
     if _usable(entry, identity, verify=config.verify):
+        os.utime(entry / _ENTRY)  # its last use: the least recently used entries go first
         return entry / graph.name
     try:
         root.mkdir(parents=True, exist_ok=True)
         _build(graph, entry, identity, options())
+        _prune(root, keep=entry)
     # OSError: a read-only or full disk; onnxruntime raises its own classes when it cannot
     # write. Either way the package's own graph loads as it would without the option.
     except Exception as exc:
@@ -170,3 +175,13 @@ def _build(graph: Path, entry: Path, identity: dict[str, Any], so: Any) -> None:
     except BaseException:
         shutil.rmtree(build, ignore_errors=True)
         raise
+
+
+def _prune(root: Path, *, keep: Path) -> None:
+    """Remove all but the ``_KEEP_ENTRIES`` most recently used entries under ``root`` (never
+    ``keep``). A process that still maps a removed entry's files keeps reading them (the
+    kernel frees them when it unmaps); a later load of that graph builds it again."""
+    entries = [e for e in root.iterdir() if (e / _ENTRY).is_file() and e != keep]
+    entries.sort(key=lambda e: (e / _ENTRY).stat().st_mtime_ns, reverse=True)
+    for old in entries[_KEEP_ENTRIES - 1 :]:
+        shutil.rmtree(old, ignore_errors=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,9 +50,9 @@ def test_the_first_load_writes_the_prepacks_and_later_loads_map_them(
     # the packed panels are written beside the weights: more bytes than the package's data
     packaged = (tiny_package / "model.onnx.data").stat().st_size
     assert record["files"]["model.onnx.data"]["bytes"] > packaged
-    built = (entry / "entry.json").stat().st_mtime_ns
+    built = (entry / "model.onnx.data").stat().st_ino
     assert _greedy(tiny_package, _config(tmp_path)) == plain
-    assert _entries(tmp_path) == [entry] and (entry / "entry.json").stat().st_mtime_ns == built
+    assert _entries(tmp_path) == [entry] and (entry / "model.onnx.data").stat().st_ino == built
 
 
 def test_an_entry_made_for_another_cpu_is_never_read(
@@ -142,3 +143,18 @@ def test_smollm2s_prepacks_leave_anonymous_memory(smollm2_package: Path, tmp_pat
     assert backed["ids"] == plain["ids"]
     # ~170 MB of int8 blocks with their scales and sums move into file pages
     assert plain["anonymous"] - backed["anonymous"] > 100 * 2**20
+
+
+def test_the_cache_keeps_the_most_recently_used_entries(tiny_package: Path, tmp_path: Path) -> None:
+    _greedy(tiny_package, _config(tmp_path))
+    [real] = _entries(tmp_path)
+    for i in range(prepacked._KEEP_ENTRIES + 2):  # older entries of other graphs
+        old = tmp_path / f"other-{i}"
+        shutil.copytree(real, old)
+        os.utime(old / "entry.json", ns=(10**9 * (i + 1),) * 2)
+    shutil.rmtree(real)
+    _greedy(tiny_package, _config(tmp_path))  # builds again, then prunes
+    left = {e.name for e in _entries(tmp_path)}
+    assert len(left) == prepacked._KEEP_ENTRIES and real.name in left
+    newest = {f"other-{i}" for i in range(3, prepacked._KEEP_ENTRIES + 2)}
+    assert left - {real.name} == newest  # the least recently used went
