@@ -226,3 +226,56 @@ def softmax_classifier(path: Path, *, classes: int = 3) -> Path:
         initializer=[numpy_helper.from_array(weight, "W")],
     )
     return _save(graph, path)
+
+
+def yolox_like(path: Path, *, classes: int = 2, size: int = 32) -> Path:
+    """A YOLOX head as its export writes it: images [1, 3, size, size] -> output [1, N, 5+C],
+    one anchor per cell of the stride 8, 16 and 32 grids (each cell's mean pixel), boxes still
+    relative to their cells: centre offsets 0.5, log width and height 4 x B - 2 (negative on
+    dark cells), objectness sigmoid(4 x R - 1), class k's sigmoid(4 x channel k - 2), on
+    channels as 0-1 (the graph takes 0-255 values, as YOLOX's export does)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    attributes = 5 + classes
+    grids = [(size // s) ** 2 for s in (8, 16, 32)]
+    weight = np.zeros((3, attributes), np.float32)
+    weight[2, 2], weight[2, 3], weight[0, 4] = 4.0, 4.0, 4.0
+    weight[:, 5:] = np.eye(3, classes, dtype=np.float32) * 4.0
+    weight /= 255.0
+    bias = np.array([0.5, 0.5, -2.0, -2.0, -1.0] + [-2.0] * classes, np.float32)
+    nodes, shapes = [], []
+    for stride, cells in zip((8, 16, 32), grids, strict=True):
+        nodes += [
+            helper.make_node(
+                "AveragePool",
+                ["images"],
+                [f"p{stride}"],
+                kernel_shape=[stride] * 2,
+                strides=[stride] * 2,
+            ),
+            helper.make_node("Reshape", [f"p{stride}", f"shape{stride}"], [f"f{stride}"]),
+        ]
+        shapes.append(numpy_helper.from_array(np.array([1, 3, cells], np.int64), f"shape{stride}"))
+    nodes += [
+        helper.make_node("Concat", ["f8", "f16", "f32"], ["cells"], axis=2),  # [1, 3, N]
+        helper.make_node("Transpose", ["cells"], ["anchors"], perm=[0, 2, 1]),  # [1, N, 3]
+        helper.make_node("MatMul", ["anchors", "W"], ["mixed"]),
+        helper.make_node("Add", ["mixed", "B"], ["raw"]),  # [1, N, 5+C]
+        helper.make_node("Sigmoid", ["raw"], ["squashed"]),
+        helper.make_node("Split", ["raw", "split"], ["box_raw", "rest_raw"], axis=2),
+        helper.make_node("Split", ["squashed", "split"], ["unused", "scores"], axis=2),
+        helper.make_node("Concat", ["box_raw", "scores"], ["output"], axis=2),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "yolox_like",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, sum(grids), attributes])],
+        initializer=[
+            numpy_helper.from_array(weight, "W"),
+            numpy_helper.from_array(bias, "B"),
+            numpy_helper.from_array(np.array([4, attributes - 4], np.int64), "split"),
+            *shapes,
+        ],
+    )
+    return _save(graph, path)

@@ -74,6 +74,12 @@ class Form(abc.ABC):
             return read_labels(source.path / "labels.txt", count=count)
         return default_labels(source.config, count)
 
+    def _image_table(self) -> dict[str, Any]:
+        """The recipe's ``[onnx.image]`` settings, ``--image`` over them."""
+        recipe = self.run.source.recipe
+        table = dict(recipe.onnx.get("image", {})) if recipe else {}
+        return table | self.options.image_table()
+
     def _photos(self, spec: ImageSpec, *, rotate: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(held, calibration) photos at ``spec``: --eval-data, else a held part of the
         user's --calibration, else the built-in held views; never the same samples."""
@@ -149,8 +155,7 @@ class ImageForm(Form):
 
     def _spec(self) -> ImageSpec:
         source, shape = self.run.source, self.inputs[0].shape
-        recipe = source.recipe
-        table = dict(recipe.onnx.get("image", {})) if recipe else {}
+        table = self._image_table()
         processor = source.path / "preprocessor_config.json"
         if not table and processor.is_file():
             return spec_from_processor(processor)
