@@ -131,12 +131,20 @@ def yolo_like(
     return _save(graph, path)
 
 
-def ocr_like(path: Path, *, classes: int = 40, opset: int = 17, external: bool = False) -> Path:
+def ocr_like(
+    path: Path,
+    *,
+    classes: int = 40,
+    opset: int = 17,
+    external: bool = False,
+    time_major: bool = False,
+) -> Path:
     """A CTC text recognizer: a line image [1, 1, 8, W] of any width -> per-column class logits
     [1, W, C] (class 0 the blank). Column k of the one-hot image is class k with a margin of 6;
     the last class's logits are -50 x the column sum, so a per-tensor int8 scale made for them
     moves every other logit by a large share of its own size while no argmax changes. ``opset``
-    below 13 writes Squeeze's axes as an attribute (as Paddle's opset 11 exports do)."""
+    below 13 writes Squeeze's axes as an attribute (as Paddle's opset 11 exports do);
+    ``time_major`` gives [W, 1, C] (PyTorch CRNNs' CTC order, as ddddocr's recognizer)."""
     from onnx import TensorProto, helper, numpy_helper
 
     weight = np.zeros((8, classes), np.float32)
@@ -151,11 +159,22 @@ def ocr_like(path: Path, *, classes: int = 40, opset: int = 17, external: bool =
         [
             squeeze,
             helper.make_node("Transpose", ["rows"], ["columns"], perm=[0, 2, 1]),  # [1, W, 8]
-            helper.make_node("MatMul", ["columns", "W"], ["logits"]),
+            helper.make_node("MatMul", ["columns", "W"], ["scores" if time_major else "logits"]),
+            *(
+                [helper.make_node("Transpose", ["scores"], ["logits"], perm=[1, 0, 2])]
+                if time_major
+                else []
+            ),
         ],
         "ocr_like",
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 1, 8, "width"])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "width", classes])],
+        [
+            helper.make_tensor_value_info(
+                "logits",
+                TensorProto.FLOAT,
+                ["width", 1, classes] if time_major else [1, "width", classes],
+            )
+        ],
         initializer=[
             numpy_helper.from_array(weight, "W"),
             *([numpy_helper.from_array(np.array([1], np.int64), "channel")] if opset >= 13 else []),
