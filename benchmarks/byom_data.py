@@ -116,3 +116,48 @@ def magika_files(root: Path) -> dict[Split, list[Path]]:
     sounds, ONNX, ...), dealt round-robin into the three splits by sorted path."""
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.stat().st_size >= 64)
     return {split: files[index::3] for index, split in enumerate(SPLITS)}
+
+
+def pages(font: Path, split: Split, *, count: int) -> list[Image.Image]:
+    """Document pages of BBC News text: a title, then paragraphs in one or two columns, at
+    sizes that differ from page to page (multiples of 32 pixels, as DB text detectors take)."""
+    rng = np.random.default_rng(_SEEDS[split])
+    texts = builtin_text("calibration" if split == "calibration" else "held", 2 * count + 8)
+    if split == "check":
+        texts = texts[8:]
+    result = []
+    for index in range(count):
+        width, height = 32 * int(rng.integers(14, 22)), 32 * int(rng.integers(16, 26))
+        page = Image.new("RGB", (width, height), (250, 250, 248))
+        draw = ImageDraw.Draw(page)
+        title = ImageFont.truetype(str(font), int(rng.integers(26, 34)))
+        body = ImageFont.truetype(str(font), int(rng.integers(13, 18)))
+        words = texts[2 * index].split()
+        draw.text((24, 20), " ".join(words[:4]), font=title, fill=(10, 10, 10))
+        columns = int(rng.integers(1, 3))
+        column_w = (width - 48) // columns
+        chars = max(8, int(column_w / body.getlength("n")))
+        words = texts[2 * index + 1].split() + words
+        y, column = 80, 0
+        line: list[str] = []
+        for word in words:
+            if len(" ".join([*line, word])) > chars:
+                draw.text((24 + column * column_w, y), " ".join(line), font=body, fill=(30, 30, 30))
+                line, y = [], y + int(body.size * 1.5)
+                if y > height - 40:
+                    column, y = column + 1, 80
+                    if column == columns:
+                        break
+            line.append(word)
+        result.append(page)
+    return result
+
+
+def page_tensor(page: Image.Image, *, size: tuple[int, int] | None = None) -> np.ndarray:
+    """A page as Paddle's detectors take it: resized to ``size`` (height, width) if given,
+    BGR, ImageNet's mean and std on 0-1 values: [1, 3, H, W]."""
+    if size is not None:
+        page = page.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+    pixels = np.asarray(page, np.float32)[:, :, ::-1] / 255.0
+    pixels = (pixels - (0.406, 0.456, 0.485)) / (0.225, 0.224, 0.229)
+    return np.ascontiguousarray(pixels.transpose(2, 0, 1)[None], np.float32)

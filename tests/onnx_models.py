@@ -298,3 +298,22 @@ def yolox_like(path: Path, *, classes: int = 2, size: int = 32) -> Path:
         ],
     )
     return _save(graph, path)
+
+
+def text_map(path: Path) -> Path:
+    """A DB-style text detector as PP-OCR's: images [1, 3, H, W] of any size -> a probability
+    map [1, 1, H, W] (a 3x3 convolution, then a sigmoid); convolutions only."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(0).normal(size=(1, 3, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "W"], ["maps"], pads=[1, 1, 1, 1]),
+            helper.make_node("Sigmoid", ["maps"], ["probability"]),
+        ],
+        "text_map",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
+        [helper.make_tensor_value_info("probability", TensorProto.FLOAT, [1, 1, "h", "w"])],
+        initializer=[numpy_helper.from_array(weight, "W")],
+    )
+    return _save(graph, path)

@@ -310,3 +310,25 @@ def test_raw_smoke_cases_are_bounded_and_stored_beside_the_manifest(
     (other / "smoke.npz").write_bytes((out / "smoke.npz").read_bytes())
     with edgeinfer.load(other, verify=False) as model, pytest.raises(PackageError):
         smoke.check(model)
+
+
+@pytest.mark.slow
+def test_a_convolutional_graph_under_dynamic_int8_ships_fp32_and_says_to_use_static(
+    tmp_path: Path,
+) -> None:
+    """Dynamic int8 leaves convolutions fp32: the report says so and names int8-static (it
+    listed Conv among the operators it takes, on PP-OCR's text detector)."""
+    from onnx_models import text_map
+
+    from edgeinfer.export.run import export
+
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    rng = np.random.default_rng(0)
+    for height, width in ((16, 24), (32, 16), (24, 24)):
+        np.savez(pages / f"{height}x{width}.npz", x=rng.normal(size=(1, 1, 3, height, width)))
+    graph = text_map(tmp_path / "det.onnx")
+    report = export(ExportOptions(source=str(graph), out=tmp_path / "pkg", task="raw",
+                                  quantize="int8", eval_data=pages))  # fmt: skip
+    assert report.chosen == "fp32" and set(report.variants) == {"fp32"}
+    assert any("convolutions stay fp32" in w and "int8-static" in w for w in report.warnings)
