@@ -74,7 +74,8 @@ def tiny_cnn(path: Path, *, classes: int = 3, size: int = 32, seed: int = 0) -> 
 
 
 def _save(graph: object, path: Path, *, opset: int = 17, external: bool = False) -> Path:
-    """Save ``graph`` at ``opset``; ``external``: every weight in ``<name>.data`` beside it."""
+    """Save ``graph`` at ``opset``; ``external``: every weight (initializers and ``Constant``
+    nodes' values) in ``<name>.data`` beside it."""
     import onnx
     from onnx import helper
 
@@ -82,7 +83,7 @@ def _save(graph: object, path: Path, *, opset: int = 17, external: bool = False)
     model.ir_version = 8 if opset >= 15 else 7
     onnx.checker.check_model(model)
     onnx.save(model, path, save_as_external_data=external, location=f"{path.name}.data",
-              size_threshold=64)  # fmt: skip
+              size_threshold=64, convert_attribute=True)  # fmt: skip
     return path
 
 
@@ -138,13 +139,15 @@ def ocr_like(
     opset: int = 17,
     external: bool = False,
     time_major: bool = False,
+    constant_weights: bool = False,
 ) -> Path:
     """A CTC text recognizer: a line image [1, 1, 8, W] of any width -> per-column class logits
     [1, W, C] (class 0 the blank). Column k of the one-hot image is class k with a margin of 6;
     the last class's logits are -50 x the column sum, so a per-tensor int8 scale made for them
     moves every other logit by a large share of its own size while no argmax changes. ``opset``
     below 13 writes Squeeze's axes as an attribute (as Paddle's opset 11 exports do);
-    ``time_major`` gives [W, 1, C] (PyTorch CRNNs' CTC order, as ddddocr's recognizer)."""
+    ``time_major`` gives [W, 1, C] (PyTorch CRNNs' CTC order, as ddddocr's recognizer);
+    ``constant_weights`` keeps the weights in a ``Constant`` node (as Paddle's exports do)."""
     from onnx import TensorProto, helper, numpy_helper
 
     weight = np.zeros((8, classes), np.float32)
@@ -155,8 +158,10 @@ def ocr_like(
         if opset >= 13
         else helper.make_node("Squeeze", ["image"], ["rows"], axes=[1])
     )  # [1, 8, W]
+    constant = helper.make_node("Constant", [], ["W"], value=numpy_helper.from_array(weight, "W"))
     graph = helper.make_graph(
         [
+            *([constant] if constant_weights else []),
             squeeze,
             helper.make_node("Transpose", ["rows"], ["columns"], perm=[0, 2, 1]),  # [1, W, 8]
             helper.make_node("MatMul", ["columns", "W"], ["scores" if time_major else "logits"]),
@@ -176,7 +181,7 @@ def ocr_like(
             )
         ],
         initializer=[
-            numpy_helper.from_array(weight, "W"),
+            *([] if constant_weights else [numpy_helper.from_array(weight, "W")]),
             *([numpy_helper.from_array(np.array([1], np.int64), "channel")] if opset >= 13 else []),
         ],
     )

@@ -238,16 +238,18 @@ def test_a_padded_encoder_is_judged_by_masked_cosine(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("given", ["opset-11", "external-data"])
+@pytest.mark.parametrize("given", ["opset-11", "external-data", "external-constants"])
 def test_an_old_opset_or_external_weights_export_to_static_int8(given: str, tmp_path: Path) -> None:
     """An opset 11 graph is upgraded before QDQ (said in the report); a graph whose weights
-    lie beside it reaches every candidate with them."""
+    lie beside it reaches every candidate with them, weights of Constant nodes too (a Paddle
+    export's: they were left behind, and the fp32 candidate failed to load)."""
     from edgeinfer.export.run import export
 
     folder = tmp_path / "model"
     folder.mkdir()
     graph = ocr_like(folder / "rec.onnx", opset=11 if given == "opset-11" else 17,
-                     external=given == "external-data")  # fmt: skip
+                     external=given.startswith("external"),
+                     constant_weights=given == "external-constants")  # fmt: skip
     lines = ocr_lines(tmp_path / "lines", widths=(5, 8, 11, 14, 17, 20, 23, 26), seed=5)
     report = export(ExportOptions(source=str(graph), out=tmp_path / "pkg", task="raw",
                                   quantize="int8-static", calibration=lines,

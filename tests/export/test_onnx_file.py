@@ -332,3 +332,33 @@ def test_a_convolutional_graph_under_dynamic_int8_ships_fp32_and_says_to_use_sta
                                   quantize="int8", eval_data=pages))  # fmt: skip
     assert report.chosen == "fp32" and set(report.variants) == {"fp32"}
     assert any("convolutions stay fp32" in w and "int8-static" in w for w in report.warnings)
+
+
+def test_constant_values_in_external_data_are_read_inline_before_preprocessing(
+    tmp_path: Path,
+) -> None:
+    """onnxruntime's quantization pre-processing loses a Constant node's external value (it
+    re-saves only initializers beside the model; PP-OCR's recognizer saved with its weights
+    beside it stopped there): those values are read inline first, the outputs unchanged."""
+    import onnx
+    import onnxruntime
+    from onnx_models import ocr_like
+
+    from edgeinfer.export import package
+    from edgeinfer.export.passes import ort_compat
+
+    (tmp_path / "model").mkdir()
+    graph = ocr_like(tmp_path / "model" / "rec.onnx", external=True, constant_weights=True)
+    assert package.external_data_files(graph) == ["rec.onnx.data"]  # held by the Constant
+    inline = ort_compat.inline_attribute_data(graph, tmp_path / "inline.onnx")
+    model = onnx.load(str(inline), load_external_data=False)
+    assert inline != graph and not package.external_data_files(inline)
+    assert all(
+        t.data_location != onnx.TensorProto.EXTERNAL for t in package.node_tensors(model.graph)
+    )
+    line = {"image": np.random.default_rng(0).uniform(size=(1, 1, 8, 11)).astype(np.float32)}
+    (want,) = onnxruntime.InferenceSession(str(graph)).run(None, line)
+    (got,) = onnxruntime.InferenceSession(str(inline)).run(None, line)
+    np.testing.assert_array_equal(want, got)
+    plain = ocr_like(tmp_path / "plain.onnx")
+    assert ort_compat.inline_attribute_data(plain, tmp_path / "unused.onnx") == plain
