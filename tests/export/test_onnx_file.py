@@ -362,3 +362,18 @@ def test_constant_values_in_external_data_are_read_inline_before_preprocessing(
     np.testing.assert_array_equal(want, got)
     plain = ocr_like(tmp_path / "plain.onnx")
     assert ort_compat.inline_attribute_data(plain, tmp_path / "unused.onnx") == plain
+
+
+def test_click_captchas_are_seeded_and_made_at_the_packages_size() -> None:
+    from edgeinfer.export.data.captchas import captcha_views, click_captchas
+    from edgeinfer.package_io import ImageSpec
+
+    first, again = click_captchas("gate", 2), click_captchas("gate", 2)
+    assert [np.asarray(p).tobytes() for p in first] == [np.asarray(p).tobytes() for p in again]
+    other = click_captchas("gate", 2, seed=7)
+    assert np.asarray(other[0]).tobytes() != np.asarray(first[0]).tobytes()
+    spec = ImageSpec(height=64, width=96, mean=(0.0,) * 3, std=(1.0,) * 3, resize="letterbox",
+                     pad="top-left")  # fmt: skip
+    views = captcha_views("calibration", 3, size=spec)
+    assert views.shape == (3, 64, 96, 3) and views.dtype == np.uint8
+    assert (views[:, -4:] == 114).all()  # 340 x 170 fits 96 x 48: gray below, top-left
