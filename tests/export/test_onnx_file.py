@@ -377,3 +377,21 @@ def test_click_captchas_are_seeded_and_made_at_the_packages_size() -> None:
     views = captcha_views("calibration", 3, size=spec)
     assert views.shape == (3, 64, 96, 3) and views.dtype == np.uint8
     assert (views[:, -4:] == 114).all()  # 340 x 170 fits 96 x 48: gray below, top-left
+
+
+@pytest.mark.slow
+def test_image_settings_apply_over_the_folders_image_processor(tmp_path: Path) -> None:
+    from edgeinfer.export.run import export
+
+    folder = tmp_path / "cnn"
+    folder.mkdir()
+    tiny_cnn(folder / "model.onnx", size=32)
+    processor = {"size": {"height": 32, "width": 32}, "image_mean": [0.5] * 3,
+                 "image_std": [0.5] * 3}  # fmt: skip
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    export(ExportOptions(source=str(folder), out=tmp_path / "pkg", task="classify",
+                         quantize="none", held_count=8,
+                         builder=OnnxFileOptions(image=("color=BGR",))))  # fmt: skip
+    image = json.loads((tmp_path / "pkg" / "manifest.json").read_text())["io"]["image"]
+    assert image["color"] == "BGR"  # the setting
+    assert (image["mean"], image["resize"]) == ([127.5] * 3, "stretch")  # the processor's

@@ -171,8 +171,15 @@ class ImageForm(Form):
         source, shape = self.run.source, self.inputs[0].shape
         table = self._image_table()
         processor = source.path / "preprocessor_config.json"
-        if not table and processor.is_file():
-            return spec_from_processor(processor)
+        recipe = source.recipe
+        if processor.is_file() and not (recipe and recipe.onnx.get("image")):
+            spec = spec_from_processor(processor)
+            if not table:
+                return spec
+            # --image settings over the processor's (its size stays)
+            keys = ("mean", "std", "color", "resize", "shorter_side", "interpolation", "pad")
+            base = {key: getattr(spec, key) for key in keys}
+            return spec_from_table(base | table, height=spec.height, width=spec.width)
         height, width = shape[2], shape[3]
         if not (isinstance(height, int) and isinstance(width, int) and height and width):
             raise ConfigError(
