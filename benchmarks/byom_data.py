@@ -10,55 +10,21 @@ benchmark's own comparison of the package with the original graph).
 
 from __future__ import annotations
 
+import json
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from edgeinfer.export.data.photos import photos
+from edgeinfer.export.data.captchas import click_captchas
 from edgeinfer.export.data.text import builtin_text
 
 Split = Literal["calibration", "held", "check"]
 SPLITS: tuple[Split, ...] = ("calibration", "held", "check")
 _SEEDS = {"calibration": 1, "held": 2, "check": 3}
-# Backgrounds: the calibration photos for calibration, the gate photos for held and check.
-_PHOTO_SPLIT = {"calibration": "calibration", "held": "gate", "check": "gate"}
-_GLYPHS = "ABCDEFGHJKLMNPQRSTUVWXYZ2345678"
-_CAPTCHA_SIZE = (340, 170)  # a click captcha's usual picture (width, height)
-
-
-def click_captchas(font: Path, folder: Path, split: Split, *, count: int) -> Path:
-    """Click-captcha pictures as ddddocr's detector meets them: 3-5 glyphs of 28-44 px,
-    turned up to 35 degrees, in random colours with a white rim, on a crop of a photo."""
-    rng = np.random.default_rng(_SEEDS[split])
-    folder.mkdir(parents=True, exist_ok=True)
-    backs = photos(_PHOTO_SPLIT[split])  # type: ignore[arg-type]
-    width, height = _CAPTCHA_SIZE
-    for index in range(count):
-        back = backs[index % len(backs)]
-        x0 = int(rng.integers(0, max(1, back.shape[1] - width)))
-        y0 = int(rng.integers(0, max(1, back.shape[0] - height)))
-        picture = Image.fromarray(back).crop((x0, y0, x0 + width, y0 + height))
-        picture = picture.resize(_CAPTCHA_SIZE)
-        for slot in range(int(rng.integers(3, 6))):
-            size = int(rng.integers(28, 44))
-            glyph = Image.new("RGBA", (size + 10, size + 10), (0, 0, 0, 0))
-            colour = (*(int(c) for c in rng.integers(0, 255, 3)), 255)
-            ImageDraw.Draw(glyph).text(
-                (5, 0),
-                _GLYPHS[int(rng.integers(len(_GLYPHS)))],
-                font=ImageFont.truetype(str(font), size),
-                fill=colour,
-                stroke_width=1,
-                stroke_fill=(255, 255, 255, 255),
-            )
-            glyph = glyph.rotate(float(rng.uniform(-35, 35)), expand=True)
-            left = int(20 + slot * 62 + rng.integers(-8, 8))
-            top = int(rng.integers(10, height - glyph.size[1]))
-            picture.paste(glyph, (left, top), glyph)
-        picture.save(folder / f"{index:03d}.png")
-    return folder
 
 
 def text_lines(font: Path, split: Split, *, count: int, height: int) -> list[Image.Image]:
@@ -161,3 +127,103 @@ def page_tensor(page: Image.Image, *, size: tuple[int, int] | None = None) -> np
     pixels = np.asarray(page, np.float32)[:, :, ::-1] / 255.0
     pixels = (pixels - (0.406, 0.456, 0.485)) / (0.225, 0.224, 0.229)
     return np.ascontiguousarray(pixels.transpose(2, 0, 1)[None], np.float32)
+
+
+@dataclass
+class Made:
+    """Each model's data, made on first use under ``work`` and reused after."""
+
+    font: Path
+    unpacked: Path
+    work: Path
+
+    def _folder(self, *parts: str) -> tuple[Path, bool]:
+        folder = self.work.joinpath(*parts)
+        return folder, folder.exists()
+
+    def captchas(self, split: Split) -> Path:
+        """Click captchas (.png, edgeinfer/export/data/captchas.py with the captcha wheel's
+        font), 40 per split: held and check on the gate photos with their own seeds."""
+        folder, done = self._folder("captchas", split)
+        if not done:
+            folder.mkdir(parents=True)
+            photos_of = "calibration" if split == "calibration" else "gate"
+            made = click_captchas(photos_of, 40, seed=_SEEDS[split], font=self.font)
+            for index, picture in enumerate(made):
+                picture.save(folder / f"{index:03d}.png")
+        return folder
+
+    def lines(self, model: Literal["rec", "ddddocr"], split: Split) -> Path:
+        """Text lines as tensors, one .npz per line: PP-OCR's (height 48, BGR, values in
+        [-1, 1]) or ddddocr's (height 64, gray, values / 255)."""
+        folder, done = self._folder("lines", model, split)
+        if not done:
+            height = 48 if model == "rec" else 64
+            calls = []
+            for line in text_lines(self.font, split, count=24, height=height):
+                if model == "rec":
+                    calls.append(rec_tensor(line, height=48, mean=0.5, std=0.5)[0])
+                else:
+                    gray = line.convert("L").convert("RGB")
+                    calls.append(rec_tensor(gray, height=64, mean=0.0, std=1.0)[0, :1])
+            save_calls(folder, "input1" if model == "ddddocr" else "x", calls)
+        return folder
+
+    def turned(self, split: Split) -> Path:
+        """Text lines (.png) for the direction classifier, every second one turned by 180
+        degrees (its name ends in -180)."""
+        folder, done = self._folder("turned", split)
+        if not done:
+            folder.mkdir(parents=True)
+            for index, line in enumerate(text_lines(self.font, split, count=24, height=48)):
+                turned = index % 2 == 1
+                picture = line.rotate(180) if turned else line
+                picture.save(folder / f"{index:03d}-{180 if turned else 0}.png")
+        return folder
+
+    def pages(self, model: Literal["det", "layout"], split: Split) -> Path:
+        """Pages as tensors, one .npz per page: at their own size (the DB text detector) or
+        resized to 800 x 608 (the layout detector's fixed input)."""
+        folder, done = self._folder("pages", model, split)
+        if not done:
+            size = (800, 608) if model == "layout" else None
+            tensors = [page_tensor(p, size=size)[0] for p in pages(self.font, split, count=12)]
+            save_calls(folder, "image" if model == "layout" else "x", tensors)
+        return folder
+
+    def magika(self, split: Split) -> Path:
+        """Magika's features of a third of the unpacked wheels' files, one .npz."""
+        path = self.work / "magika" / f"{split}.npz"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            files = magika_files(self.unpacked)[split]
+            np.savez(path, bytes=np.stack([magika_features(p) for p in files]))
+        return path
+
+
+def direction_folder(graph: Path, folder: Path) -> Path:
+    """The direction classifier as a user holds it: a folder with the graph, its two labels
+    and a ``preprocessor_config.json`` (its input has no fixed size: 48 x 192, as PP-OCR
+    runs it, values in [-1, 1])."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(graph, folder / graph.name)
+    (folder / "labels.txt").write_text("0\n180\n")
+    processor = {"size": {"height": 48, "width": 192}, "image_mean": [0.5] * 3,
+                 "image_std": [0.5] * 3, "do_rescale": True, "rescale_factor": 1 / 255}  # fmt: skip
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    return folder
+
+
+def external_copy(graph: Path, folder: Path) -> Path:
+    """``graph`` saved with every tensor of 1 KiB or more in ``<name>.data`` beside it (its
+    Constant nodes' values too: Paddle keeps its weights there)."""
+    import onnx
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    folder.mkdir(parents=True, exist_ok=True)
+    model = onnx.load(str(graph))
+    convert_model_to_external_data(model, all_tensors_to_one_file=True,
+                                   location=f"{graph.name}.data", size_threshold=1024,
+                                   convert_attribute=True)  # fmt: skip
+    onnx.save(model, str(folder / graph.name))
+    return folder / graph.name
