@@ -1,7 +1,7 @@
-"""Click captchas for the calibration and gate of a captcha character detector (the
-``ddddocr-det`` recipe): what such a detector meets, which the built-in photos alone are not
-(ddddocr's detector finds nothing on 10 of 12 of them, and a gate of no detections cannot
-fail).
+"""Click captchas for the calibration and gate of a captcha character detector (a recipe's
+``[data] views = "click-captchas"``): what such a detector meets, which the built-in photos
+alone are not (ddddocr's detector finds nothing on 10 of 12 of them, and a gate of no
+detections cannot fail).
 
 Each picture is a 340 x 170 crop of one of the split's photos (``photos.py``: calibration and
 gate never share a scene) with 3 to 5 capital letters and digits of 28-44 px, each turned by
