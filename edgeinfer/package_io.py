@@ -64,7 +64,9 @@ class ImageSpec:
 
     First its size: ``resize`` "crop" cuts the largest center region of the graph's aspect
     ratio and scales it to ``height`` x ``width``; "stretch" scales the whole picture to that
-    size; "letterbox" scales it to fit and pads the rest with gray (114, as YOLO trains);
+    size; "letterbox" scales it to fit and pads the rest with gray (114, as YOLO trains),
+    the picture centred (``pad`` "center", ultralytics) or in the top-left corner ("top-left",
+    YOLOX);
     "shorter-side" scales it so that its shorter side is ``shorter_side`` pixels, then cuts
     the center ``height`` x ``width``. ``interpolation`` names the filter. Then its
     values: channels in ``color`` order (callers pass RGB; "BGR" graphs get them reversed),
@@ -80,6 +82,7 @@ class ImageSpec:
     resize: Literal["crop", "stretch", "shorter-side", "letterbox"] = "crop"
     shorter_side: int | None = None
     interpolation: Literal["bilinear", "bicubic", "lanczos"] = "bilinear"
+    pad: Literal["center", "top-left"] = "center"
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,8 @@ class ImageClassifierIO:
 @dataclass(frozen=True)
 class ImageDetectorIO:
     """Images -> detections: the graph's first output is YOLO-style, ``layout``
-    "attributes-first" [1, 4+C, N] or "anchors-first" [1, N, 4+1+C] (``runtime/detect.py``);
+    "attributes-first" [1, 4+C, N], "anchors-first" [1, N, 4+1+C] or "yolox" (the same, boxes
+    relative to their grid cells: ``runtime/detect.py``);
     ``image`` says how pixels become its input ("letterbox" or "stretch"); NMS keeps
     detections of ``score_threshold`` or more, overlapping by at most ``iou_threshold`` per
     label, ``max_detections`` per image."""
@@ -165,7 +169,7 @@ class ImageDetectorIO:
     outputs: tuple[TensorSpec, ...]
     labels: tuple[str, ...]
     image: ImageSpec
-    layout: Literal["attributes-first", "anchors-first"]
+    layout: Literal["attributes-first", "anchors-first", "yolox"]
     score_threshold: float = 0.25  # ultralytics' default
     iou_threshold: float = 0.45  # ultralytics' default
     max_detections: int = 300  # ultralytics' default

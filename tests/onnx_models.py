@@ -74,7 +74,8 @@ def tiny_cnn(path: Path, *, classes: int = 3, size: int = 32, seed: int = 0) -> 
 
 
 def _save(graph: object, path: Path, *, opset: int = 17, external: bool = False) -> Path:
-    """Save ``graph`` at ``opset``; ``external``: every weight in ``<name>.data`` beside it."""
+    """Save ``graph`` at ``opset``; ``external``: every weight (initializers and ``Constant``
+    nodes' values) in ``<name>.data`` beside it."""
     import onnx
     from onnx import helper
 
@@ -82,7 +83,7 @@ def _save(graph: object, path: Path, *, opset: int = 17, external: bool = False)
     model.ir_version = 8 if opset >= 15 else 7
     onnx.checker.check_model(model)
     onnx.save(model, path, save_as_external_data=external, location=f"{path.name}.data",
-              size_threshold=64)  # fmt: skip
+              size_threshold=64, convert_attribute=True)  # fmt: skip
     return path
 
 
@@ -131,12 +132,22 @@ def yolo_like(
     return _save(graph, path)
 
 
-def ocr_like(path: Path, *, classes: int = 40, opset: int = 17, external: bool = False) -> Path:
+def ocr_like(
+    path: Path,
+    *,
+    classes: int = 40,
+    opset: int = 17,
+    external: bool = False,
+    time_major: bool = False,
+    constant_weights: bool = False,
+) -> Path:
     """A CTC text recognizer: a line image [1, 1, 8, W] of any width -> per-column class logits
     [1, W, C] (class 0 the blank). Column k of the one-hot image is class k with a margin of 6;
     the last class's logits are -50 x the column sum, so a per-tensor int8 scale made for them
     moves every other logit by a large share of its own size while no argmax changes. ``opset``
-    below 13 writes Squeeze's axes as an attribute (as Paddle's opset 11 exports do)."""
+    below 13 writes Squeeze's axes as an attribute (as Paddle's opset 11 exports do);
+    ``time_major`` gives [W, 1, C] (PyTorch CRNNs' CTC order, as ddddocr's recognizer);
+    ``constant_weights`` keeps the weights in a ``Constant`` node (as Paddle's exports do)."""
     from onnx import TensorProto, helper, numpy_helper
 
     weight = np.zeros((8, classes), np.float32)
@@ -147,17 +158,30 @@ def ocr_like(path: Path, *, classes: int = 40, opset: int = 17, external: bool =
         if opset >= 13
         else helper.make_node("Squeeze", ["image"], ["rows"], axes=[1])
     )  # [1, 8, W]
+    constant = helper.make_node("Constant", [], ["W"], value=numpy_helper.from_array(weight, "W"))
     graph = helper.make_graph(
         [
+            *([constant] if constant_weights else []),
             squeeze,
             helper.make_node("Transpose", ["rows"], ["columns"], perm=[0, 2, 1]),  # [1, W, 8]
-            helper.make_node("MatMul", ["columns", "W"], ["logits"]),
+            helper.make_node("MatMul", ["columns", "W"], ["scores" if time_major else "logits"]),
+            *(
+                [helper.make_node("Transpose", ["scores"], ["logits"], perm=[1, 0, 2])]
+                if time_major
+                else []
+            ),
         ],
         "ocr_like",
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 1, 8, "width"])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "width", classes])],
+        [
+            helper.make_tensor_value_info(
+                "logits",
+                TensorProto.FLOAT,
+                ["width", 1, classes] if time_major else [1, "width", classes],
+            )
+        ],
         initializer=[
-            numpy_helper.from_array(weight, "W"),
+            *([] if constant_weights else [numpy_helper.from_array(weight, "W")]),
             *([numpy_helper.from_array(np.array([1], np.int64), "channel")] if opset >= 13 else []),
         ],
     )
@@ -223,6 +247,78 @@ def softmax_classifier(path: Path, *, classes: int = 3) -> Path:
         "softmax_classifier",
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["n", 3, 8, 8])],
         [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["n", classes])],
+        initializer=[numpy_helper.from_array(weight, "W")],
+    )
+    return _save(graph, path)
+
+
+def yolox_like(path: Path, *, classes: int = 2, size: int = 32) -> Path:
+    """A YOLOX head as its export writes it: images [1, 3, size, size] -> output [1, N, 5+C],
+    one anchor per cell of the stride 8, 16 and 32 grids (each cell's mean pixel), boxes still
+    relative to their cells: centre offsets 0.5, log width and height 4 x B - 2 (negative on
+    dark cells), objectness sigmoid(4 x R - 1), class k's sigmoid(4 x channel k - 2), on
+    channels as 0-1 (the graph takes 0-255 values, as YOLOX's export does)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    attributes = 5 + classes
+    grids = [(size // s) ** 2 for s in (8, 16, 32)]
+    weight = np.zeros((3, attributes), np.float32)
+    weight[2, 2], weight[2, 3], weight[0, 4] = 4.0, 4.0, 4.0
+    weight[:, 5:] = np.eye(3, classes, dtype=np.float32) * 4.0
+    weight /= 255.0
+    bias = np.array([0.5, 0.5, -2.0, -2.0, -1.0] + [-2.0] * classes, np.float32)
+    nodes, shapes = [], []
+    for stride, cells in zip((8, 16, 32), grids, strict=True):
+        nodes += [
+            helper.make_node(
+                "AveragePool",
+                ["images"],
+                [f"p{stride}"],
+                kernel_shape=[stride] * 2,
+                strides=[stride] * 2,
+            ),
+            helper.make_node("Reshape", [f"p{stride}", f"shape{stride}"], [f"f{stride}"]),
+        ]
+        shapes.append(numpy_helper.from_array(np.array([1, 3, cells], np.int64), f"shape{stride}"))
+    nodes += [
+        helper.make_node("Concat", ["f8", "f16", "f32"], ["cells"], axis=2),  # [1, 3, N]
+        helper.make_node("Transpose", ["cells"], ["anchors"], perm=[0, 2, 1]),  # [1, N, 3]
+        helper.make_node("MatMul", ["anchors", "W"], ["mixed"]),
+        helper.make_node("Add", ["mixed", "B"], ["raw"]),  # [1, N, 5+C]
+        helper.make_node("Sigmoid", ["raw"], ["squashed"]),
+        helper.make_node("Split", ["raw", "split"], ["box_raw", "rest_raw"], axis=2),
+        helper.make_node("Split", ["squashed", "split"], ["unused", "scores"], axis=2),
+        helper.make_node("Concat", ["box_raw", "scores"], ["output"], axis=2),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "yolox_like",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, sum(grids), attributes])],
+        initializer=[
+            numpy_helper.from_array(weight, "W"),
+            numpy_helper.from_array(bias, "B"),
+            numpy_helper.from_array(np.array([4, attributes - 4], np.int64), "split"),
+            *shapes,
+        ],
+    )
+    return _save(graph, path)
+
+
+def text_map(path: Path) -> Path:
+    """A DB-style text detector as PP-OCR's: images [1, 3, H, W] of any size -> a probability
+    map [1, 1, H, W] (a 3x3 convolution, then a sigmoid); convolutions only."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(0).normal(size=(1, 3, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "W"], ["maps"], pads=[1, 1, 1, 1]),
+            helper.make_node("Sigmoid", ["maps"], ["probability"]),
+        ],
+        "text_map",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
+        [helper.make_tensor_value_info("probability", TensorProto.FLOAT, [1, 1, "h", "w"])],
         initializer=[numpy_helper.from_array(weight, "W")],
     )
     return _save(graph, path)

@@ -102,6 +102,13 @@ def export(
             "default: chosen from the outputs)"
         ),
     ] = None,
+    image: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="ONNX image graphs: preprocessing KEY=VALUE (color, mean, std, resize, "
+            "shorter_side, interpolation, pad; repeatable; docs/onnx.md)"
+        ),
+    ] = None,
     max_accuracy_loss: Annotated[
         float | None,
         typer.Option(help="allowed loss vs PyTorch fp32 (default: the recipe's, else 0.01)"),
@@ -188,14 +195,17 @@ def export(
     elif variants or kv_dtype:
         names = tuple(v.strip() for v in variants.split(",") if v) if variants else None
         builder = DecoderOptions(variants=names, kv_dtype=kv_dtype or "float32")
-    if labels is not None or state or metric:
+    if labels is not None or state or metric or image:
         if builder is not None:
             raise ConfigError(
-                "--labels, --state and --metric export ONNX files: drop --early-exit, "
-                "--variants and --distill-layers"
+                "--labels, --state, --metric and --image export ONNX files: drop "
+                "--early-exit, --variants and --distill-layers"
             )
         builder = OnnxFileOptions(
-            labels=labels, state=tuple(state or ()), metrics=tuple(metric or ())
+            labels=labels,
+            state=tuple(state or ()),
+            metrics=tuple(metric or ()),
+            image=tuple(image or ()),
         )
     options = ExportOptions(
         source=source,

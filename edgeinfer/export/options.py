@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Any, Union
 
 from edgeinfer.config import QUANT_MODES, CalibrationMethod, QuantMode
 from edgeinfer.errors import ConfigError
@@ -116,6 +116,10 @@ class ShrinkOptions:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
+# The keys of a recipe's [onnx.image] table (export/vision/preprocessing.py).
+_IMAGE_KEYS = ("color", "mean", "std", "resize", "shorter_side", "interpolation", "pad")
+
+
 @dataclass(frozen=True)
 class OnnxFileOptions:
     """Exports of an ONNX file (docs/onnx.md).
@@ -127,17 +131,43 @@ class OnnxFileOptions:
             (``state`` -> ``stateN``, ``past*`` -> ``present*``, ``h0`` -> ``hn``).
         metrics: ``OUTPUT=METRIC`` gate metrics of a raw graph's outputs (``export/gates``;
             ``sequence:BLANK`` names the CTC blank); empty: chosen from the outputs.
+        image: ``KEY=VALUE`` preprocessing of an image graph, over the recipe's or the
+            default (``color``, ``mean``/``std`` as comma-separated 0-255 values, ``resize``,
+            ``shorter_side``, ``interpolation``, ``pad``; docs/onnx.md).
     """
 
     labels: Path | None = None
     state: tuple[str, ...] = ()
     metrics: tuple[str, ...] = ()
+    image: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for item in self.state:
             if item.count("=") != 1 or item.startswith("=") or item.endswith("="):
                 raise ConfigError(f"state {item!r} must be INPUT=OUTPUT")
         parse_declared(self.metrics)
+        self.image_table()
+
+    def image_table(self) -> dict[str, Any]:
+        """``image`` as a recipe's ``[onnx.image]`` table."""
+        table: dict[str, Any] = {}
+        for item in self.image:
+            key, _, value = item.partition("=")
+            key = key.strip()
+            if key not in _IMAGE_KEYS or not value.strip():
+                raise ConfigError(
+                    f"--image {item!r} must be KEY=VALUE with KEY one of {', '.join(_IMAGE_KEYS)}"
+                )
+            try:
+                if key in ("mean", "std"):
+                    table[key] = [float(v) for v in value.split(",")]
+                elif key == "shorter_side":
+                    table[key] = int(value)
+                else:
+                    table[key] = value.strip()
+            except ValueError as exc:
+                raise ConfigError(f"--image {item!r}: {exc}") from exc
+        return table
 
 
 BuilderOptions = Union[EarlyExitOptions, DecoderOptions, OnnxFileOptions, ShrinkOptions]  # noqa: UP007

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ __all__ = [
     "commit",
     "external_data_files",
     "externalize",
+    "node_tensors",
     "partial_path",
     "read_io",
     "save_graph",
@@ -59,18 +61,42 @@ def save_graph(model: Any, path: Path) -> None:
 
 
 def external_data_files(graph: Path) -> list[str]:
-    """The files (relative to the graph's folder) that hold ``graph``'s external weights."""
+    """The files (relative to the graph's folder) that hold ``graph``'s external weights:
+    of its initializers and of its nodes' tensor attributes (``Constant`` nodes: Paddle
+    exports keep every weight there), subgraphs included."""
     import onnx
 
     model = onnx.load(str(graph), load_external_data=False)
     return sorted(
         {
             entry.value
-            for init in model.graph.initializer
-            for entry in init.external_data
+            for tensor in _tensors(model.graph)
+            for entry in tensor.external_data
             if entry.key == "location"
         }
     )
+
+
+def _tensors(graph: Any) -> Iterator[Any]:
+    """Every tensor of an ONNX graph: initializers, node attributes, subgraphs' tensors."""
+    yield from graph.initializer
+    yield from node_tensors(graph)
+
+
+def node_tensors(graph: Any) -> Iterator[Any]:
+    """The tensors of an ONNX graph's node attributes (``Constant`` values, ...), subgraphs'
+    tensors included."""
+    import onnx
+
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.TENSOR:
+                yield attribute.t
+            yield from attribute.tensors
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _tensors(attribute.g)
+            for subgraph in attribute.graphs:
+                yield from _tensors(subgraph)
 
 
 def read_io(graph: Path) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:

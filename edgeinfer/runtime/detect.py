@@ -7,7 +7,10 @@ Two layouts are common in single-graph detectors (ultralytics exports):
 - ``attributes-first`` ``[1, 4+C, N]`` (YOLOv8/v11): per anchor cx, cy, w, h, then C class
   scores;
 - ``anchors-first`` ``[1, N, 4+1+C]`` (YOLOv5): per anchor cx, cy, w, h, an objectness, then C
-  class scores (an anchor's score is objectness x class score).
+  class scores (an anchor's score is objectness x class score);
+- ``yolox`` ``[1, N, 4+1+C]`` (YOLOX as its export writes it): the same attributes, but the
+  box is still relative to its grid cell: one anchor per cell of strides 8, 16 and 32, the
+  centre ``(offset + cell) x stride``, the size ``exp(log size) x stride``.
 
 Boxes come out as ``[K, 4]`` x1, y1, x2, y2 in the graph's input pixels, with their scores
 ``[K]`` and labels ``[K]`` (class indices), best first.
@@ -39,9 +42,13 @@ __all__ = [
     "decode",
     "iou",
     "layout_of",
+    "yolox_anchors",
 ]
 
-Layout = Literal["attributes-first", "anchors-first"]
+Layout = Literal["attributes-first", "anchors-first", "yolox"]
+
+# YOLOX's heads: one anchor per cell of each of these grids (its P3-P5 feature maps).
+_YOLOX_STRIDES = (8, 16, 32)
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,24 @@ def layout_of(shape: tuple[int, ...]) -> Layout:
     return "attributes-first" if shape[1] < shape[2] else "anchors-first"
 
 
+def yolox_anchors(height: int, width: int) -> int:
+    """How many anchors a YOLOX head has at a ``height`` x ``width`` input."""
+    return sum((height // s) * (width // s) for s in _YOLOX_STRIDES)
+
+
+def _yolox_cells(height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each anchor's grid cell [N, 2] (x, y) and stride [N, 1], in the head's order."""
+    cells, strides = [], []
+    for stride in _YOLOX_STRIDES:
+        ys, xs = np.mgrid[0 : height // stride, 0 : width // stride]
+        cells.append(np.stack([xs.ravel(), ys.ravel()], axis=1))
+        strides.append(np.full((xs.size, 1), stride))
+    return (
+        np.concatenate(cells).astype(np.float32),
+        np.concatenate(strides).astype(np.float32),
+    )
+
+
 def iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     """Intersection over union of one xyxy box [4] with each of ``boxes`` [K, 4]."""
     x1 = np.maximum(box[0], boxes[:, 0])
@@ -90,20 +115,36 @@ def iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return np.asarray(inter / np.maximum(area + areas - inter, 1e-9))
 
 
-def decode(output: np.ndarray, config: DecodeConfig, layout: Layout | None = None) -> Decoded:
-    """The detections of one image's output ``[1, A, N]`` / ``[1, N, A]``."""
+def decode(
+    output: np.ndarray,
+    config: DecodeConfig,
+    layout: Layout | None = None,
+    *,
+    size: tuple[int, int] | None = None,
+) -> Decoded:
+    """The detections of one image's output ``[1, A, N]`` / ``[1, N, A]``; ``size`` (the
+    graph's input height, width) places a ``yolox`` output's anchors on their grids."""
     layout = layout or layout_of(tuple(output.shape))
     anchors = output[0].T if layout == "attributes-first" else output[0]  # [N, A]
     anchors = anchors.astype(np.float32)
-    if layout == "anchors-first":
-        classes = anchors[:, 5:] * anchors[:, 4:5]  # objectness x class score
-    else:
+    if layout == "attributes-first":
         classes = anchors[:, 4:]
+    else:
+        classes = anchors[:, 5:] * anchors[:, 4:5]  # objectness x class score
     labels = classes.argmax(axis=1)  # [N]
     scores = classes[np.arange(len(classes)), labels]
     keep = scores >= config.score_threshold
-    centre, size = anchors[keep, :2], anchors[keep, 2:4]
-    boxes = np.concatenate([centre - size / 2, centre + size / 2], axis=1)
+    centre, size_wh = anchors[keep, :2], anchors[keep, 2:4]
+    if layout == "yolox":
+        if size is None or yolox_anchors(*size) != len(anchors):
+            raise InputError(
+                f"a yolox output of {len(anchors)} anchors needs the graph's input size "
+                f"(got {size}): strides 8, 16, 32 give one anchor per grid cell"
+            )
+        cells, strides = _yolox_cells(*size)
+        centre = (centre + cells[keep]) * strides[keep]
+        size_wh = np.exp(size_wh) * strides[keep]
+    boxes = np.concatenate([centre - size_wh / 2, centre + size_wh / 2], axis=1)
     return _nms(boxes, scores[keep], labels[keep], config)
 
 
@@ -164,7 +205,8 @@ class DetectBackend(Backend):
         output = self.session.run({self.io.inputs[0].name: pixels})[0]  # [1, A, N] / [1, N, A]
         elapsed_ms = (time.perf_counter() - started) * 1e3
         self.metrics.observe("detect", "compute", elapsed_ms)
-        found = decode(output, config, self.io.layout)
+        size = (self.io.image.height, self.io.image.width)
+        found = decode(output, config, self.io.layout, size=size)
         boxes = _to_picture(found.boxes, picture.size, self.io.image)  # [K, 4]
         labels = self.io.labels
         return [

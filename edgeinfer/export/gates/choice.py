@@ -6,9 +6,10 @@ read from the package kind, the graph's inputs and fp32's outputs on the first h
 1. ``state``: the output is carried into the next call (a stateful graph's state);
 2. ``exact``: an integer or boolean output (ids, labels, flags);
 3. ``detections``: a YOLO-style output of an image graph (or of a detector package);
-4. ``sequence``: per-step class scores [1, T, C] of an image graph with C >= T (a text
-   recognizer's alphabet outnumbers its steps; a detector head's anchors outnumber its
-   classes: declare ``OUT=sequence`` for a recognizer with a small alphabet);
+4. ``sequence``: per-step class scores [1, T, C] (or time-major [T, 1, C]) of an image
+   graph with C >= T (a text recognizer's alphabet outnumbers its steps; a detector head's
+   anchors outnumber its classes: declare ``OUT=sequence`` for a recognizer with a small
+   alphabet);
 5. ``probabilities``: every row in [0, 1], summing to 1 (the graph ends in a softmax);
 6. ``embedding``: token states [B, S, D] of a graph with a mask input of shape [B, S]
    (masked mean pooling, then cosine);
@@ -81,13 +82,16 @@ def _auto(name: str, value: np.ndarray, feeds: Feeds, kind: str, state_of: str |
             f"a YOLO-style {shape} output of an image graph (box coordinates in pixels, scores "
             "in [0, 1]): judged on the decoded detections",
         )
-    if image is not None and value.ndim == 3 and value.shape[0] == 1:
-        if value.shape[2] >= max(2, value.shape[1]):
+    if image is not None and value.ndim == 3 and 1 in value.shape[:2]:
+        time_major = value.shape[0] != 1  # [T, 1, C]: PyTorch CRNNs' CTC order
+        steps = value.shape[0] if time_major else value.shape[1]
+        if value.shape[2] >= max(2, steps):
             return Choice(
                 name,
                 "sequence",
-                f"per-step class scores {shape} of image input {image}, more classes than "
-                "steps (a text recognizer's): judged on the greedy CTC-decoded sequence, blank 0",
+                f"per-step class scores {shape}{' (time-major)' if time_major else ''} of image "
+                f"input {image}, more classes than steps (a text recognizer's): judged on the "
+                "greedy CTC-decoded sequence, blank 0",
             )
     if looks_like_probabilities(value):
         return Choice(

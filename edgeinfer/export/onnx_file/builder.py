@@ -45,6 +45,21 @@ def detect_task(inputs: Any, outputs: Any) -> str:
     return "raw"
 
 
+def _nothing_quantized(graph: Path, mode: str) -> str:
+    """Why a graph ships fp32 when the quantizer changed none of its nodes, and what to do."""
+    import onnx
+
+    ops = {node.op_type for node in onnx.load(graph, load_external_data=False).graph.node}
+    if mode == "int8" and ops & {"Conv", "ConvTranspose"}:
+        dynamic = ", ".join(quantize.DYNAMIC_OPS)
+        return (
+            f"{graph.name} has no operator dynamic int8 quantizes ({dynamic}; its convolutions "
+            "stay fp32): shipped fp32; pass --quantize int8-static to quantize them on "
+            "calibration data"
+        )
+    return f"{graph.name} has no operator the {mode} quantizer takes: shipped fp32"
+
+
 def _quantized_ops(graph: Path) -> int:
     """How many nodes of ``graph`` (subgraphs included) run in integers."""
     import onnx
@@ -108,10 +123,7 @@ class OnnxFileBuilder(GraphBuilder):
                     self._measure(run.add(candidate))
                 else:
                     fp32.requested = True
-                    run.report.warnings.append(
-                        f"{original.name} has no operator the {run.quant.mode} quantizer takes "
-                        "(MatMul, Gemm, Conv, LSTM, ...): shipped fp32"
-                    )
+                    run.report.warnings.append(_nothing_quantized(original, run.quant.mode))
 
     def _given_integers(self, original: Path) -> int:
         """How many nodes of the user's graph already run in integers (0: a float graph); a

@@ -1,7 +1,8 @@
 """The ``detect`` form of a user's graph: a YOLO-style detector as an ``image-detector``
 package. Pictures are letterboxed to the graph's size, RGB, scaled to 0-1 (ultralytics'
-preprocessing); the gate matches the candidate's detections (decoded and NMS'd by the runtime,
-as a device runs them) to fp32's on held photos: F1 (``export/gates/detections.py``)."""
+preprocessing) unless ``--image`` (or the recipe's ``[onnx.image]``) says otherwise; the gate
+matches the candidate's detections (decoded and NMS'd by the runtime, as a device runs them)
+to fp32's on held photos: F1 (``export/gates/detections.py``)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,17 @@ from edgeinfer.export import package
 from edgeinfer.export.gates.detections import match_f1
 from edgeinfer.export.gates.verdict import Verdict
 from edgeinfer.export.onnx_file.forms import Form
-from edgeinfer.package_io import ImageDetectorIO, ImageSpec, PackageIO
+from edgeinfer.export.vision.preprocessing import spec_from_table
+from edgeinfer.package_io import ImageDetectorIO, PackageIO
 from edgeinfer.runtime import Model
-from edgeinfer.runtime.detect import DecodeConfig, Decoded, layout_of
+from edgeinfer.runtime.detect import DecodeConfig, Decoded, Layout, layout_of, yolox_anchors
 from edgeinfer.runtime.tasks import Detection, prepare_images
 
 __all__ = ["DetectForm"]
 
 _PROBE_ITEMS = 3
+# ultralytics' preprocessing: letterboxed, RGB, 0-255 values / 255.
+_ULTRALYTICS = {"mean": [0.0] * 3, "std": [255.0] * 3, "resize": "letterbox"}
 
 
 def _decoded(found: list[Detection]) -> Decoded:
@@ -48,19 +52,42 @@ class DetectForm(Form):
                 f"output [1, 4+C, N] or [1, N, 4+1+C]; this one takes {list(shape)} and gives "
                 f"{list(out)}"
             )
-        self.layout = layout_of(tuple(int(d) for d in out))
+        given = self._image_table()
+        self.spec = spec_from_table(
+            _ULTRALYTICS | given, height=int(shape[2]), width=int(shape[3]),
+            resize_modes=("letterbox", "stretch"),
+        )  # fmt: skip
+        if not given:
+            run.report.warnings.append(
+                "detector pictures are letterboxed to the graph's size, RGB, scaled to 0-1 "
+                "(ultralytics' preprocessing; --image sets others)"
+            )
+        self.held, self.calibration = self._photos(self.spec)
+        self.layout = self._layout(tuple(int(d) for d in out))
         attributes = min(int(out[1]), int(out[2]))
         classes = attributes - (4 if self.layout == "attributes-first" else 5)
-        self.spec = ImageSpec(
-            height=int(shape[2]), width=int(shape[3]), mean=(0.0, 0.0, 0.0),
-            std=(255.0, 255.0, 255.0), resize="letterbox",
-        )  # fmt: skip
-        run.report.warnings.append(
-            "detector pictures are letterboxed to the graph's size, RGB, scaled to 0-1 "
-            "(ultralytics' preprocessing)"
-        )
-        self.held, self.calibration = self._photos(self.spec)
         self.labels = self._labels(classes)
+
+    def _layout(self, out: tuple[int, ...]) -> Layout:
+        """The output's layout; an anchors-first output with one anchor per cell of YOLOX's
+        grids is ``yolox`` when the original graph's box sizes come out as logarithms (some
+        negative on a held photo: a decoded box never has a negative size)."""
+        layout = layout_of(out)
+        if layout != "anchors-first" or out[1] != yolox_anchors(self.spec.height, self.spec.width):
+            return layout
+        import onnxruntime as ort
+
+        original = self.run.source.path / str(self.run.source.onnx_file)
+        session = ort.InferenceSession(str(original), providers=["CPUExecutionProvider"])
+        pixels = prepare_images(self.held[:1], image=self.spec)
+        sizes = session.run(None, {self.inputs[0].name: pixels})[0][0, :, 2:4]  # [N, 2]
+        if (sizes < 0).any():
+            self.run.report.warnings.append(
+                f"{out[1]} anchors with log box sizes: a YOLOX head, decoded on its "
+                "stride 8/16/32 grids"
+            )
+            return "yolox"
+        return layout
 
     def io(self, graph: Path) -> PackageIO:
         inputs, outputs = package.read_io(graph)

@@ -19,7 +19,8 @@ import numpy as np
 from edgeinfer.errors import ConfigError
 from edgeinfer.export import package
 from edgeinfer.export.context import ExportContext
-from edgeinfer.export.data.photos import builtin_images, read_images, split_images
+from edgeinfer.export.data.captchas import captcha_views
+from edgeinfer.export.data.photos import ImageSplit, builtin_images, read_images, split_images
 from edgeinfer.export.data.text import builtin_text, read_text_file, split_texts, text_feeds
 from edgeinfer.export.gates.verdict import Verdict
 from edgeinfer.export.labels import default_labels, read_labels
@@ -74,10 +75,20 @@ class Form(abc.ABC):
             return read_labels(source.path / "labels.txt", count=count)
         return default_labels(source.config, count)
 
-    def _photos(self, spec: ImageSpec, *, rotate: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def _image_table(self) -> dict[str, Any]:
+        """The recipe's ``[onnx.image]`` settings, ``--image`` over them."""
+        recipe = self.run.source.recipe
+        table = dict(recipe.onnx.get("image", {})) if recipe else {}
+        return table | self.options.image_table()
+
+    def _photos(self, spec: ImageSpec) -> tuple[np.ndarray, np.ndarray]:
         """(held, calibration) photos at ``spec``: --eval-data, else a held part of the
-        user's --calibration, else the built-in held views; never the same samples."""
+        user's --calibration, else the built-in held views (the recipe's ``[data] views``:
+        turned by 0/90/180/270 degrees, or click captchas on the photos); never the same
+        samples."""
         opts = self.run.options
+        recipe = self.run.source.recipe
+        views = str(recipe.data.get("views", "photos")) if recipe else "photos"
         user = self._user_calibration()
         own = read_images(user, size=spec) if user else None
         if opts.eval_data:
@@ -86,11 +97,12 @@ class Form(abc.ABC):
             own, held = split_images(own)
             self.eval_name = f"{user} (held part)"
         else:
-            held = builtin_images("gate", opts.held_count, size=spec, rotate=rotate)
-            self.eval_name = "builtin:photo-views" + ("-rotated" if rotate else "")
-        count = self.run.quant.calibration_size
+            held = _builtin_views(views, "gate", opts.held_count, spec)
+            self.eval_name = {"photos": "builtin:photo-views",
+                              "rotated": "builtin:photo-views-rotated",
+                              "click-captchas": "builtin:click-captchas"}[views]  # fmt: skip
         if own is None:
-            own = builtin_images("calibration", count, size=spec, rotate=rotate)
+            own = _builtin_views(views, "calibration", self.run.quant.calibration_size, spec)
         return held, own
 
     @abc.abstractmethod
@@ -125,6 +137,16 @@ class Form(abc.ABC):
         """A few held inputs for the package's smoke check."""
 
 
+def _builtin_views(views: str, split: ImageSplit, count: int, spec: ImageSpec) -> np.ndarray:
+    """The built-in pictures of a split: photo views (turned with "rotated") or click
+    captchas."""
+    if views == "click-captchas":
+        return captcha_views(split, count, size=spec)
+    if views not in ("photos", "rotated"):
+        raise ConfigError(f"[data] views {views!r}: use photos, rotated or click-captchas")
+    return builtin_images(split, count, size=spec, rotate=views == "rotated")
+
+
 def _scores(run: ExportContext) -> Scores:
     """ "probabilities" for a user's graph that ends in a softmax (never softmaxed again);
     read on the original, which every candidate computes (a quantized one ends in Q/DQ)."""
@@ -141,19 +163,23 @@ class ImageForm(Form):
     """One float [N, 3, H, W] input, class logits out: an ``image-classifier`` package."""
 
     def load(self) -> None:
-        run = self.run
         self.spec = self._spec()
-        rotate = bool(run.source.recipe and run.source.recipe.data.get("views") == "rotated")
-        self.held, self.calibration = self._photos(self.spec, rotate=rotate)
+        self.held, self.calibration = self._photos(self.spec)
         self.labels = self._labels(_classes(self.outputs) or 0)
 
     def _spec(self) -> ImageSpec:
         source, shape = self.run.source, self.inputs[0].shape
-        recipe = source.recipe
-        table = dict(recipe.onnx.get("image", {})) if recipe else {}
+        table = self._image_table()
         processor = source.path / "preprocessor_config.json"
-        if not table and processor.is_file():
-            return spec_from_processor(processor)
+        recipe = source.recipe
+        if processor.is_file() and not (recipe and recipe.onnx.get("image")):
+            spec = spec_from_processor(processor)
+            if not table:
+                return spec
+            # --image settings over the processor's (its size stays)
+            keys = ("mean", "std", "color", "resize", "shorter_side", "interpolation", "pad")
+            base = {key: getattr(spec, key) for key in keys}
+            return spec_from_table(base | table, height=spec.height, width=spec.width)
         height, width = shape[2], shape[3]
         if not (isinstance(height, int) and isinstance(width, int) and height and width):
             raise ConfigError(

@@ -20,6 +20,7 @@ __all__ = [
     "avx2_weight_overrides",
     "fix_batch",
     "float_input_nodes",
+    "inline_attribute_data",
     "preprocess",
     "preprocess_any",
     "qnn_preprocess",
@@ -79,12 +80,14 @@ def preprocess_any(graph: Path, out_path: Path) -> None:
 
     Workaround: when it fails it saves its half-inferred model, with an external-data file named
     by a fresh uuid, into the current directory and leaves that file there; it runs from a
-    scratch directory instead.
+    scratch directory instead. Node attributes' external tensors are read inline first
+    (``inline_attribute_data``).
     """
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    source, target = str(graph.resolve()), str(out_path.resolve())
+    target = str(out_path.resolve())
     with tempfile.TemporaryDirectory(prefix="edgeinfer-shapes-") as scratch:
+        source = str(inline_attribute_data(graph, Path(scratch) / graph.name).resolve())
         cwd = os.getcwd()
         os.chdir(scratch)
         try:
@@ -93,6 +96,31 @@ def preprocess_any(graph: Path, out_path: Path) -> None:
             quant_pre_process(source, target, skip_symbolic_shape=True)
         finally:
             os.chdir(cwd)
+
+
+def inline_attribute_data(graph: Path, out_path: Path) -> Path:
+    """``graph``, or a copy at ``out_path`` whose node attributes hold their tensors inline
+    (initializers stay in the file beside it) when some of them lie in external data.
+
+    Workaround: onnxruntime's pre-processing (``quant_pre_process``) re-saves the model into a
+    scratch folder with only the initializers external; a ``Constant`` node's value left in
+    external data (Paddle exports keep every weight there) then points to a file that was
+    never written there, and it stops with onnx's "should be stored in ... but it is not
+    regular file".
+    """
+    import onnx
+
+    from edgeinfer.export import package
+
+    bare = onnx.load(str(graph), load_external_data=False)
+    external = onnx.TensorProto.EXTERNAL
+    if all(t.data_location != external for t in package.node_tensors(bare.graph)):
+        return graph
+    beside = any(t.data_location == external for t in bare.graph.initializer)
+    model = onnx.load(str(graph))  # every tensor read into memory
+    onnx.save(model, str(out_path), save_as_external_data=beside,
+              location=f"{out_path.name}.data", size_threshold=1024)  # fmt: skip
+    return out_path
 
 
 def avx2_weight_overrides(model: Any) -> dict[str, list[dict[str, Any]]]:

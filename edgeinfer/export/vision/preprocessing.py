@@ -30,18 +30,32 @@ _RESIZE_MODES = ("crop", "stretch", "shorter-side")
 _FILTERS = ("bilinear", "bicubic", "lanczos")
 
 
-def spec_from_table(table: dict[str, Any], *, height: int, width: int) -> ImageSpec:
-    """An ``ImageSpec`` from a recipe's table: ``mean``/``std`` (0-255 values, the graph's
-    channel order; default ImageNet's), ``color``, ``resize``, ``shorter_side``,
-    ``interpolation``."""
+def spec_from_table(
+    table: dict[str, Any],
+    *,
+    height: int,
+    width: int,
+    resize_modes: tuple[str, ...] = _RESIZE_MODES,
+) -> ImageSpec:
+    """An ``ImageSpec`` from a recipe's table (or ``--image`` settings): ``mean``/``std``
+    (0-255 values, the graph's channel order; default ImageNet's), ``color``, ``resize``,
+    ``shorter_side``, ``interpolation``, ``pad``."""
     resize = str(table.get("resize", "crop"))
     interpolation = str(table.get("interpolation", "bilinear"))
     color = str(table.get("color", "RGB"))
-    if resize not in _RESIZE_MODES or interpolation not in _FILTERS or color not in ("RGB", "BGR"):
+    pad = str(table.get("pad", "center"))
+    if (
+        resize not in resize_modes
+        or interpolation not in _FILTERS
+        or color not in ("RGB", "BGR")
+        or pad not in ("center", "top-left")
+    ):
         raise ConfigError(
-            f"image settings resize={resize!r}, interpolation={interpolation!r}, color={color!r}:"
-            f" use resize {_RESIZE_MODES}, interpolation {_FILTERS}, color RGB or BGR"
+            f"image settings resize={resize!r}, interpolation={interpolation!r}, color={color!r},"
+            f" pad={pad!r}: use resize {resize_modes}, interpolation {_FILTERS}, color RGB or "
+            "BGR, pad center or top-left"
         )
+
     shorter = table.get("shorter_side")
     return ImageSpec(
         height=height,
@@ -52,6 +66,7 @@ def spec_from_table(table: dict[str, Any], *, height: int, width: int) -> ImageS
         resize=resize,  # type: ignore[arg-type]
         shorter_side=int(shorter) if shorter else None,
         interpolation=interpolation,  # type: ignore[arg-type]
+        pad=pad,  # type: ignore[arg-type]
     )
 
 
