@@ -282,7 +282,10 @@ def _shrink_options(
 
 def pareto_table(rows: list[dict[str, Any]]) -> Table:
     """The export's candidates, fastest first: accuracy against batch-1 latency."""
-    table = Table(title="candidates (accuracy vs the fp32 source on held text; batch-1 latency)")
+    table = Table(
+        title="candidates (accuracy vs the fp32 source on held text, the worse of in-domain and "
+        "off-domain with students; batch-1 latency)"
+    )
     columns = (
         "candidate",
         "layers",
@@ -291,6 +294,8 @@ def pareto_table(rows: list[dict[str, Any]]) -> Table:
         "MB",
         "accuracy",
         "min",
+        "in-domain",
+        "off-domain",
         "gate",
         "short ms",
         "long ms",
@@ -308,6 +313,8 @@ def pareto_table(rows: list[dict[str, Any]]) -> Table:
             f"{r['graph_mb']:.1f}",
             f"{r['accuracy']:.4f}",
             f"{r['accuracy_min']:.4f}" if r["accuracy_min"] is not None else "—",
+            _mean_min(r.get("in_domain")),
+            _mean_min(r.get("off_domain")),
             "pass" if r["passed"] else "fail",
             f"{r['short_ms']:.2f}",
             f"{r['long_ms']:.2f}",
@@ -315,6 +322,11 @@ def pareto_table(rows: list[dict[str, Any]]) -> Table:
             "●" if r["pareto_front"] else "",
         )
     return table
+
+
+def _mean_min(text: dict[str, float] | None) -> str:
+    """``mean / min`` of one of the gate's texts (exports with students), else a dash."""
+    return "—" if text is None else f"{text['mean']:.4f} / {text['min']:.4f}"
 
 
 def _list(json_output: bool) -> None:

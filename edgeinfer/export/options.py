@@ -85,7 +85,8 @@ class ShrinkOptions:
         prune_heads: the share of every layer's attention heads removed (0: none).
         prune_ffn: the share of every layer's FFN neurons removed (0: none).
         train_data: unlabeled text the students train on (``.txt`` lines, ``.jsonl`` with
-            ``text``); None: the built-in BBC News calibration side (never the gate's text).
+            ``text``); None: the built-in mix of BBC News (its calibration side) and dialogue,
+            never the gate's text nor the held-out technical domain (``data/domains.py``).
         train_count: texts taken from it at most (3,000: an epoch of a 4-layer MiniLM
             student takes about a minute on two cores at 128 tokens).
         epochs: passes over the training text.

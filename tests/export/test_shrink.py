@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from edgeinfer.cli import main
+from edgeinfer.export.data import domains
+from edgeinfer.export.data.domains import broad_training_text
 from edgeinfer.export.data.text import builtin_text, training_text
 from edgeinfer.export.encoder.students import distill, pareto, prune
 from edgeinfer.export.recipes import find
@@ -96,23 +99,47 @@ def test_pruning_keeps_the_most_important_units(tiny_bert: Path) -> None:
     assert out.shape == (batches[0].input_ids.shape[0], 32)
 
 
+def _export_student(
+    tiny_bert: Path, folder: Path, max_accuracy_loss: float, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, dict[str, Any]]:
+    """A 2-layer, half-FFN student of ``tiny_bert`` trained on 160 news texts and gated with
+    ``max_accuracy_loss`` on 24 held news texts and the held-out technical text: the exit
+    code and the --json report."""
+    folder.mkdir(parents=True, exist_ok=True)
+    train = folder / "train.txt"
+    train.write_text("\n".join(training_text(160)) + "\n")
+    held = folder / "held.txt"
+    held.write_text("\n".join(builtin_text("held", 24)) + "\n")
+    argv = [
+        "export", str(tiny_bert), "-o", str(folder / "student"), "--task", "embed",
+        "--quantize", "int8", "--distill-layers", "2", "--prune-ffn", "0.5",
+        "--distill-epochs", "2", "--train-data", str(train), "--eval-data", str(held),
+        "--max-accuracy-loss", str(max_accuracy_loss), "--force-quantize", "--threads", "2",
+        "--json",
+    ]  # fmt: skip
+    code = main(argv)
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_default_training_text_mixes_domains_and_holds_one_out() -> None:
+    train = broad_training_text(3000)
+    technical = domains.technical_text("choice", 400) + domains.technical_text("report", 400)
+    assert set(domains.dialogue_texts()) & set(train) and set(training_text(3000)) & set(train)
+    assert not set(train) & set(technical)
+    assert not set(train) & set(builtin_text("held", 400))
+    assert not set(domains.technical_text("choice", 400)) & set(
+        domains.technical_text("report", 400)
+    )
+    assert domains.HELD_OUT not in domains.TRAIN_DOMAINS
+
+
 @pytest.mark.slow
 def test_export_distills_a_student_and_reports_every_candidate(
     tiny_bert: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    train = tmp_path / "train.txt"
-    train.write_text("\n".join(training_text(160)) + "\n")
-    held = tmp_path / "held.txt"
-    held.write_text("\n".join(builtin_text("held", 24)) + "\n")
     out = tmp_path / "student"
-    argv = [
-        "export", str(tiny_bert), "-o", str(out), "--task", "embed", "--quantize", "int8",
-        "--distill-layers", "2", "--prune-ffn", "0.5", "--distill-epochs", "2",
-        "--train-data", str(train), "--eval-data", str(held), "--max-accuracy-loss", "0.5",
-        "--force-quantize", "--threads", "2", "--json",
-    ]  # fmt: skip
-    assert main(argv) == 0
-    report = json.loads(capsys.readouterr().out)
+    code, report = _export_student(tiny_bert, tmp_path, 0.5, capsys)
+    assert code == 0
     names = {row["name"] for row in report["pareto"]}
     assert names == {"fp32", "int8", "student-2L-fp32", "student-2L-int8"}
     assert report["chosen"].startswith("student-2L")
@@ -123,6 +150,46 @@ def test_export_distills_a_student_and_reports_every_candidate(
     manifest.verify(out)
     assert "pareto.png" in manifest.files
     assert manifest.accuracy["reference"] == "pytorch-fp32"
+    assert manifest.accuracy["off_domain_data"] == f"builtin:{domains.HELD_OUT}"
+    for name, variant in report["variants"].items():
+        if "precision" not in variant or name.endswith("onnx-fp32"):
+            continue  # the fp32 graph's parity with its own PyTorch model: one text
+        accuracy = variant["accuracy"]
+        both = (accuracy["in_domain"], accuracy["off_domain"])
+        assert accuracy["passed"] == all(text["passed"] for text in both)
+        assert accuracy["mean"] == min(text["mean"] for text in both)
+        assert "passed" not in accuracy["off_domain_report"]  # reported, never gated
+    for row in report["pareto"]:
+        assert {"mean", "min"} <= set(row["in_domain"]) and {"mean", "min"} <= set(
+            row["off_domain"]
+        )
+
+
+@pytest.mark.slow
+def test_the_off_domain_gate_refuses_a_student_that_only_knows_its_domain(
+    tiny_bert: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The same seeded student twice: first gated loosely to read its two numbers, then with a
+    # budget its in-domain text meets and its off-domain text does not.
+    code, report = _export_student(tiny_bert, tmp_path / "loose", 0.5, capsys)
+    assert code == 0
+    accuracy = report["variants"]["student-2L-fp32"]["accuracy"]
+    news, technical = accuracy["in_domain"], accuracy["off_domain"]
+    assert technical["mean"] < news["mean"]  # trained on news: weaker on technical prose
+    budget = (1 - news["mean"] + 1 - technical["mean"]) / 2  # between the two texts' losses
+    code, report = _export_student(tiny_bert, tmp_path / "strict", budget, capsys)
+    accuracy = report["variants"]["student-2L-fp32"]["accuracy"]
+    assert accuracy["off_domain"]["mean"] == technical["mean"]  # the same student
+    assert accuracy["in_domain"]["passed"]
+    assert not accuracy["off_domain"]["passed"] and not accuracy["passed"]
+    refused = {
+        name
+        for name, variant in report["variants"].items()
+        if "off_domain" in variant.get("accuracy", {})
+        and not variant["accuracy"]["off_domain"]["passed"]
+    }
+    assert all(not report["variants"][name]["accuracy"]["passed"] for name in refused)
+    assert report["chosen"] not in refused
 
 
 @pytest.mark.slow

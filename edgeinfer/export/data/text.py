@@ -73,12 +73,17 @@ def builtin_text(split: Split, count: int) -> list[str]:
 
 def training_text(count: int) -> list[str]:
     """``count`` unlabeled texts for distillation, from the calibration side only (the gate's
-    held articles are never trained on): each article's two items and its next few sentences
-    alone, articles taken evenly through the corpus."""
+    held articles are never trained on, nor a calibration article the corpus repeats among
+    them): each article's two items and its next few sentences alone, articles taken evenly
+    through the corpus."""
     if count < 1:
         raise ConfigError(f"count must be >= 1, got {count}")
+    articles = bbc_articles()
+    held = {item for _, article in articles[1::2] for item in article_texts(article)}
     per_article: list[list[str]] = []
-    for _, article in bbc_articles()[0::2]:
+    for _, article in articles[0::2]:
+        if held.intersection(article_texts(article)):
+            continue
         items = list(article_texts(article))
         if items:
             sentences = items[1].split(". ")[1:4]

@@ -4,6 +4,11 @@ One variant pipeline for the source and for every student (``students/``): conve
 -> parity of the fp32 graph with the folder's own PyTorch outputs on held text -> ONNX
 Runtime's transformer fusions -> int8 (dynamic, or static QDQ calibrated on text) -> each
 variant's metric against the source's (the teacher's) PyTorch fp32 reference.
+
+With students asked for, every candidate (the teacher's variants too, for a fair comparison)
+is also measured on a domain no student trained on (``data/domains.py``: technical prose)
+and gated on both texts, the worse one deciding; a third split of that domain is measured
+for the report only.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from edgeinfer.errors import ConfigError, ParityError
 from edgeinfer.export import package
 from edgeinfer.export.builder import GraphBuilder
 from edgeinfer.export.context import Candidate
+from edgeinfer.export.data.domains import HELD_OUT, technical_text
 from edgeinfer.export.data.text import builtin_text, read_text_file, text_feeds
 from edgeinfer.export.encoder.students import pareto
 from edgeinfer.export.encoder.students.shrink import Student, train_students
@@ -54,6 +60,9 @@ class EncoderBuilder(GraphBuilder):
         tokenizer = run.work / package.TOKENIZER_NAME
         self.tokens = convert.prepare_tokenizer(run.source, tokenizer)
         self.side_files = {package.TOKENIZER_NAME: tokenizer}
+        # Held texts of the held-out domain (students only): name -> (texts, teacher outputs);
+        # "off_domain" is gated, "off_domain_report" only reported.
+        self.off: dict[str, tuple[list[str], np.ndarray]] = {}
         self._variants(run.source)
         if self.shrink is not None:
             for student in train_students(run, self.shrink):
@@ -76,6 +85,8 @@ class EncoderBuilder(GraphBuilder):
             own = validate.torch_reference(source, run.task, self.held)
             if student is None:
                 self.reference = own
+                if self.shrink is not None:
+                    self._off_domain_references(source)
         with run.stage(f"parity{suffix}"):
             label = student.name if student else source.name
             parity = self._evaluate(self.candidate(f"{prefix}onnx-fp32", raw, "fp32"), own)
@@ -156,12 +167,24 @@ class EncoderBuilder(GraphBuilder):
             labels=default_labels(source.config, classes),
         )
 
-    def _evaluate(self, candidate: Candidate, reference: np.ndarray) -> validate.Accuracy:
-        """The candidate's outputs on the held text, through the runtime, against
-        ``reference`` (PyTorch's outputs on the same text)."""
+    def _off_domain_references(self, teacher: Source) -> None:
+        """The teacher's PyTorch outputs on the held-out domain's choice and report splits
+        (as many texts as the in-domain eval text holds, at most)."""
+        count = len(self.held)
+        for name, texts in (
+            ("off_domain", technical_text("choice", count)),
+            ("off_domain_report", technical_text("report", count)),
+        ):
+            self.off[name] = (texts, validate.torch_reference(teacher, self.run.task, texts))
+
+    def _evaluate(
+        self, candidate: Candidate, reference: np.ndarray, texts: list[str] | None = None
+    ) -> validate.Accuracy:
+        """The candidate's outputs on ``texts`` (the held text by default), through the
+        runtime, against ``reference`` (PyTorch's outputs on the same text)."""
         folder = self.run.stage_candidate(candidate)
         with validate.load_candidate(folder, self.run.threads) as model:
-            outputs = validate.run_model(model, self.held)
+            outputs = validate.run_model(model, self.held if texts is None else texts)
         return validate.compare(self.run.task, reference, outputs)
 
     def _measure(self, candidate: Candidate) -> None:
@@ -170,7 +193,28 @@ class EncoderBuilder(GraphBuilder):
             f"{candidate.name} {accuracy.metric} mean {accuracy.mean:.4f} / min "
             f"{accuracy.min:.4f} vs PyTorch fp32"
         )
-        self.gate(candidate, accuracy, summary)
+        if not self.off:
+            self.gate(candidate, accuracy, summary)
+            return
+        loss = self.run.max_accuracy_loss
+        off = {
+            name: self._evaluate(candidate, ref, texts) for name, (texts, ref) in self.off.items()
+        }
+        gated = off["off_domain"]
+        summary = (
+            f"{summary}; off-domain ({HELD_OUT} text, never trained on) mean "
+            f"{gated.mean:.4f} / min {gated.min:.4f}"
+        )
+        report = off["off_domain_report"].to_dict(loss)
+        del report["passed"]  # measured for the report: nothing is chosen on it
+        self.gate(
+            candidate,
+            _worse(accuracy, gated),
+            summary,
+            in_domain=accuracy.to_dict(loss),
+            off_domain={**gated.to_dict(loss), "data": f"builtin:{HELD_OUT}-choice"},
+            off_domain_report={**report, "data": f"builtin:{HELD_OUT}-report"},
+        )
 
     def prefer(self, passing: list[Candidate]) -> Candidate:
         if self.shrink is None:
@@ -184,10 +228,12 @@ class EncoderBuilder(GraphBuilder):
 
     def accuracy(self, chosen: Candidate) -> dict[str, Any]:
         opts, loss = self.run.options, self.run.max_accuracy_loss
+        off = {"off_domain_data": f"builtin:{HELD_OUT}"} if self.off else {}
         return {
             "metric": chosen.measured.metric,
             "reference": "pytorch-fp32",
             "eval_data": str(opts.eval_data) if opts.eval_data else "builtin:bbc-news-held",
+            **off,
             "max_accuracy_loss": loss,
             "fp32": self.run.candidates["fp32"].measured.details,
             "value": chosen.measured.details,
@@ -195,3 +241,13 @@ class EncoderBuilder(GraphBuilder):
 
     def smoke_inputs(self, chosen: Candidate) -> list[Any]:
         return list(self.held[:3])
+
+
+def _worse(first: validate.Accuracy, second: validate.Accuracy) -> validate.Accuracy:
+    """One accuracy that passes only when both do: the lower mean and the lower min."""
+    return validate.Accuracy(
+        metric=first.metric,
+        mean=min(first.mean, second.mean),
+        min=min(first.min, second.min),
+        count=first.count + second.count,
+    )

@@ -93,6 +93,11 @@ def _row(
         "graph_mb": round(size / 1e6, 1),
         "accuracy": round(quality.score, 6),
         "accuracy_min": quality.details.get("min"),
+        **{  # with students, the gate's two texts (the worse decides: ``accuracy``)
+            text: {"mean": quality.details[text]["mean"], "min": quality.details[text]["min"]}
+            for text in ("in_domain", "off_domain")
+            if text in quality.details
+        },
         "passed": quality.passed,
         "short_ms": round(float(short), 3),
         "long_ms": round(float(long), 3),

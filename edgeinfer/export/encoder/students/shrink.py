@@ -19,7 +19,8 @@ from typing import Any
 
 from edgeinfer.errors import ConfigError
 from edgeinfer.export.context import ExportContext
-from edgeinfer.export.data.text import read_text_file, training_text
+from edgeinfer.export.data.domains import TRAIN_DOMAINS, broad_training_text
+from edgeinfer.export.data.text import read_text_file
 from edgeinfer.export.encoder.students import distill, prune
 from edgeinfer.export.options import ShrinkOptions
 
@@ -70,7 +71,7 @@ def train_students(run: ExportContext, options: ShrinkOptions) -> Iterator[Stude
     texts = (
         read_text_file(options.train_data)
         if options.train_data
-        else training_text(options.train_count)
+        else broad_training_text(options.train_count)
     )[: options.train_count]
     seq_len = options.seq_len or run.source.max_seq_len or 128
     with run.stage("teacher"):
@@ -87,7 +88,9 @@ def train_students(run: ExportContext, options: ShrinkOptions) -> Iterator[Stude
         )
         distill.teacher_targets(teacher, selection, run.task)
     data = {
-        "data": str(options.train_data) if options.train_data else "builtin:bbc-news-calibration",
+        "data": str(options.train_data)
+        if options.train_data
+        else f"builtin:{'+'.join(TRAIN_DOMAINS)}",
         "texts": len(texts),
         "seq_len": seq_len,
         "epochs": options.epochs,
