@@ -52,6 +52,11 @@ def test_inspect_refuses_a_tampered_package(minilm_int8: Path, tmp_path: Path) -
     assert "integrity" in result.stderr and "tokenizer.json" in result.stderr
 
 
+def test_file_backed_prepacks_are_an_option_of_the_footprint(fast_encoder: Path) -> None:
+    result = _cli("inspect", str(fast_encoder), "--file-backed-prepacks")
+    assert result.returncode == 2 and "add --footprint" in result.stderr
+
+
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
     assert _cli("inspect", str(tmp_path)).returncode == 2
     assert _cli("bench").returncode == 2
