@@ -175,6 +175,7 @@ class ExportContext:
             calibration_percentile=float(
                 defaults.get("calibration_percentile", preset.calibration_percentile)
             ),
+            float_nodes=defaults.get("float_nodes", preset.float_nodes),
         )
         # A recipe may ship the most accurate variant that passes when its requested one is
         # refused (a model whose int8 is slower than fp32 on some CPUs).

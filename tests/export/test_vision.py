@@ -38,8 +38,12 @@ def test_builtin_splits_are_deterministic_and_come_from_different_photos() -> No
     np.testing.assert_array_equal(gate, photos.builtin_images("gate", 30, size=64))
     calibration_photos, gate_photos = photos.photos("calibration"), photos.photos("gate")
     assert len(gate_photos) >= 12 and len(calibration_photos) >= 5
-    for photo in calibration_photos:  # no photo is in both splits
-        assert not any(p.shape == photo.shape and np.array_equal(p, photo) for p in gate_photos)
+    tune_photos = photos.photos("tune")
+    splits = (calibration_photos, tune_photos, gate_photos)
+    for index, split in enumerate(splits):  # no photo is in two splits
+        others = [p for other in splits[index + 1 :] for p in other]
+        for photo in split:
+            assert not any(p.shape == photo.shape and np.array_equal(p, photo) for p in others)
     # the gate starts with every whole scene, then their mirrors
     np.testing.assert_array_equal(gate[0][:, ::-1], gate[len(gate_photos)])
     turned = photos.builtin_images("gate", 4, size=64, rotate=True)
