@@ -121,7 +121,11 @@ def test_static_int8_is_qdq_and_agrees_with_fp32(effnet_int8: Path, effnet_fp32:
     manifest = json.loads((effnet_int8 / "manifest.json").read_text())
     quant = manifest["quantization"]
     assert (quant["mode"], quant["format"], quant["per_channel"]) == ("int8-static", "QDQ", True)
-    assert quant["calibration_size"] == 128
+    # the recipe's sensitivity pass holds the last quarter of a user's images to tune on
+    assert quant["calibration_size"] + quant["sensitivity"]["tune_inputs"] == 128
+    assert set(quant["kept_fp32"]) >= {n["node"] for n in quant["sensitivity"]["float_nodes"]}
+    report = json.loads((effnet_int8 / "report.json").read_text())
+    assert report["variants"]["int8"]["sensitivity"] == quant["sensitivity"]
     assert manifest["io"]["image"]["mean"] == [127.0] * 3
     gate = manifest["accuracy"]
     assert gate["value"]["passed"] and gate["value"]["mean"] >= 1 - gate["max_accuracy_loss"]

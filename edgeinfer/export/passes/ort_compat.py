@@ -1,7 +1,8 @@
 """Every onnxruntime-version workaround of the export, in one place, each with its reason.
 
-Measured with onnxruntime 1.32 on a 2-core x86-64 AVX2 CPU without VNNI. When onnxruntime
-changes, this module is the one to re-check (``tests/vision`` fails if a workaround breaks).
+Measured with onnxruntime 1.32 on a 2-core x86-64 AVX2 CPU without VNNI (the AVX2 workarounds)
+and on an AVX-512 VNNI Xeon (the sensitivity pass's). When onnxruntime changes, this module is
+the one to re-check (``tests/vision`` fails if a workaround breaks).
 """
 
 from __future__ import annotations
