@@ -67,6 +67,7 @@ def test_sensitivity_keeps_the_fewest_nodes_float_and_names_them(tmp_path: Path)
     sensitivity = record["sensitivity"]
     assert sensitivity["tune_score_all_int8"] < sensitivity["tune_target"]
     (kept,) = sensitivity["float_nodes"]
+    assert sensitivity["tried"] == []  # the first node tried reached the target
     assert kept["node"] == "head" and kept["op_type"] == "Conv"
     assert kept["tune_loss_gain"] > 0 and 0 < kept["macs_share"] < 1
     assert kept["tune_score_after"] >= sensitivity["tune_target"]

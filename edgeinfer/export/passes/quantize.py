@@ -274,7 +274,7 @@ def quantize_static_cnn(
         return StaticResult(fixed)
     work = out_path.with_name(out_path.stem + "-sensitivity")
     work.mkdir(exist_ok=True)
-    chosen, first, best = choose_float_nodes(
+    tried, count, first, best = choose_float_nodes(
         write, graph, tuning, work_dir=work, max_float_nodes=config.max_float_nodes,
         threads=threads,
     )  # fmt: skip
@@ -283,8 +283,11 @@ def quantize_static_cnn(
         "tune_inputs": sum(len(next(iter(feed.values()))) for feed in tuning.feeds),
         "tune_target": round(tuning.target, 6),
         "tune_score_all_int8": round(first, 6),
-        "float_nodes": [node.to_dict() for node in chosen],
+        "float_nodes": [node.to_dict() for node in tried[:count]],
+        # tried after those and not kept: the tune score did not rise
+        "tried": [node.to_dict() for node in tried[count:]],
     }
+    chosen = tried[:count]
     return StaticResult(
         [*fixed, *ort_compat.with_activations(model, [n.name for n in chosen])], record
     )

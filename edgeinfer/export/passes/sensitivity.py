@@ -189,13 +189,14 @@ def choose_float_nodes(
     work_dir: Path,
     max_float_nodes: int,
     threads: int | None = None,
-) -> tuple[list[FloatNode], float, Path]:
+) -> tuple[list[FloatNode], int, float, Path]:
     """The fewest top-ranked nodes to keep float for ``tuning.target``.
 
     ``quantize(exclude, out)`` writes the static QDQ graph with ``exclude`` in float. Returns
-    the nodes kept (in rank order, with their gains, costs and tune scores), the tune score of
-    the fully quantized graph, and the graph chosen: the first that reaches the target, else
-    the best-scoring one (fewest nodes among equals).
+    every node tried (in rank order, with its gain, cost and the tune score once it and those
+    before it are float), how many of them are kept, the tune score of the fully quantized
+    graph, and the graph chosen: the first that reaches the target, else the best-scoring one
+    (fewest nodes among equals).
     """
     start = work_dir / "sensitivity-0.onnx"
     quantize([], start)
@@ -203,7 +204,7 @@ def choose_float_nodes(
     best: tuple[float, int, Path] = (first, 0, start)
     kept: list[FloatNode] = []
     if first >= tuning.target:
-        return kept, first, start
+        return kept, 0, first, start
     shares = macs_shares(fp32_graph)
     for name, op_type, gain in rank_nodes(start, fp32_graph, tuning, threads=threads):
         if len(kept) == max_float_nodes:
@@ -217,4 +218,4 @@ def choose_float_nodes(
             best = (score, len(kept), graph)
         if score >= tuning.target:
             break
-    return kept[: best[1]], first, best[2]
+    return kept, best[1], first, best[2]
