@@ -41,9 +41,20 @@ class QuantConfig:
     ops_to_quantize: tuple[str, ...] = field(
         default=("MatMul", "Attention", "EmbedLayerNormalization")
     )
-    # static int8 of CNNs: activations' and weights' integer types (onnxruntime QuantType names)
-    activation_type: Literal["uint8", "uint16"] = "uint8"
+    # static int8 of CNNs: activations' and weights' integer types (onnxruntime QuantType names).
+    # uint8 activations: onnxruntime's CPU provider ran int8 (S8S8) EfficientNet-Lite0 at 0.7x
+    # fp32's speed on AVX-512 VNNI, uint8 (U8S8) at 1.9x (docs/vision.md).
+    activation_type: Literal["uint8", "int8", "uint16"] = "uint8"
     weight_type: Literal["int8", "uint8"] = "int8"
+    # static int8 of CNNs on AVX2 without VNNI: 7-bit GEMM weights and the stem in float
+    # (``ort_compat.avx2_weight_overrides``); other CPUs and NPUs have no int16 saturation.
+    avx2_saturation_workaround: bool = False
+    # static int8: "fixed" keeps only the workaround's nodes in float; "sensitivity" also the
+    # fewest that the tune images need to pass the gate (``export.passes.sensitivity``).
+    float_nodes: Literal["fixed", "sensitivity"] = "fixed"
+    # each float node adds a dequantize/quantize pair around it and runs in fp32: a cap keeps
+    # the int8 speed-up (8: under 10 % of EfficientNet-Lite0's convolutions)
+    max_float_nodes: int = 8
     # "ort": onnxruntime's own QDQ rules; "qnn": its QNN helpers' (get_qnn_qdq_config).
     qdq_rules: Literal["ort", "qnn"] = "ort"
     # a fixed batch size written into the graph (NPUs compile static shapes); None: dynamic.
@@ -63,6 +74,13 @@ class QuantConfig:
                 f"unknown calibration method {self.calibration_method!r}: "
                 "use minmax, entropy or percentile"
             )
+        if self.max_float_nodes < 0:
+            raise ConfigError(f"max_float_nodes must be >= 0, got {self.max_float_nodes}")
+        if self.float_nodes == "sensitivity" and self.qdq_rules == "qnn":
+            raise ConfigError(
+                "float_nodes='sensitivity' needs onnxruntime's generic QDQ rules: the QNN HTP "
+                "runs quantized nodes only (a float node would move to the CPU)"
+            )
         if self.calibration_size < 1:
             raise ConfigError(f"calibration_size must be >= 1, got {self.calibration_size}")
         if not 50.0 < self.calibration_percentile <= 100.0:
@@ -78,9 +96,9 @@ class QuantConfig:
         0.953 vs 0.993 against PyTorch fp32 on 200 held BBC News texts). reduce_range stays off:
         the 7-bit weights that dodge the AVX2 u8*s8 int16 saturation measured no more accurate
         there (mean 0.993 either way, min 0.984 vs 0.988), and per-channel scales already keep
-        the products small.
+        the products small. Static int8 of CNNs takes the AVX2 saturation workaround.
         """
-        return cls(target="cpu-avx2")
+        return cls(target="cpu-avx2", avx2_saturation_workaround=True)
 
     @classmethod
     def cpu_vnni(cls) -> QuantConfig:

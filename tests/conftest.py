@@ -271,9 +271,10 @@ def effnet_fp32(package_root: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def effnet_int8(package_root: Path, calibration_npy: Path) -> Path:
-    """The static QDQ int8 package (cpu-avx2). force_quantize: fixtures must not depend on
-    timing on a shared machine. Its top-1 agreement with fp32 on the photo gate is ~0.92 on
-    decided views (docs/vision.md), under the recipe's 0.99: the fixture allows 0.15."""
+    """The static QDQ int8 package (cpu-avx2, the recipe's sensitivity pass tuning on the last
+    quarter of the calibration file). force_quantize: fixtures must not depend on timing on a
+    shared machine. On cpu-avx2 its top-1 agreement with fp32 on the photo gate can stay under
+    the recipe's 0.99 (7-bit weights, docs/vision.md): the fixture allows 0.15."""
     return _exported(
         package_root / "effnet-int8-static",
         source="efficientnet-lite0",

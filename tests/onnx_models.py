@@ -322,3 +322,30 @@ def text_map(path: Path) -> Path:
         initializer=[numpy_helper.from_array(weight, "W")],
     )
     return _save(graph, path)
+
+
+def one_sensitive_node(path: Path, *, classes: int = 3) -> Path:
+    """x [N, 4, 1, 1] -> 1x1 Conv ``wide`` (identity) -> 1x1 Conv ``head`` -> Flatten ->
+    logits [N, classes]. ``head``'s filters weigh input channel 0 by 1000 and the channels that
+    carry the classes by 0.3: per-channel int8 weights round the 0.3 to zero, so int8 agrees
+    with fp32 only with ``head`` in float. Feed x with channel 0 at zero (``head`` then
+    outputs small logits, whose own rounding is fine)."""
+    from onnx import helper, numpy_helper
+
+    wide = np.eye(4, dtype=np.float32).reshape(4, 4, 1, 1)
+    head = np.zeros((classes, 4, 1, 1), np.float32)
+    head[:, 0] = 1000.0
+    for j in range(classes):
+        head[j, 1 + j % 3] = 0.3
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "W1"], ["hidden"], name="wide"),
+            helper.make_node("Conv", ["hidden", "W2"], ["scores"], name="head"),
+            helper.make_node("Flatten", ["scores"], ["logits"], name="flatten"),
+        ],
+        "one_sensitive_node",
+        [helper.make_tensor_value_info("x", 1, ["n", 4, 1, 1])],
+        [helper.make_tensor_value_info("logits", 1, ["n", classes])],
+        initializer=[numpy_helper.from_array(wide, "W1"), numpy_helper.from_array(head, "W2")],
+    )
+    return _save(graph, path)

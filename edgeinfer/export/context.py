@@ -175,6 +175,10 @@ class ExportContext:
             calibration_percentile=float(
                 defaults.get("calibration_percentile", preset.calibration_percentile)
             ),
+            # a recipe's float nodes where the target may keep any (not the QNN HTP)
+            float_nodes=defaults.get("float_nodes", preset.float_nodes)
+            if preset.qdq_rules == "ort"
+            else preset.float_nodes,
         )
         # A recipe may ship the most accurate variant that passes when its requested one is
         # refused (a model whose int8 is slower than fp32 on some CPUs).

@@ -38,8 +38,12 @@ def test_builtin_splits_are_deterministic_and_come_from_different_photos() -> No
     np.testing.assert_array_equal(gate, photos.builtin_images("gate", 30, size=64))
     calibration_photos, gate_photos = photos.photos("calibration"), photos.photos("gate")
     assert len(gate_photos) >= 12 and len(calibration_photos) >= 5
-    for photo in calibration_photos:  # no photo is in both splits
-        assert not any(p.shape == photo.shape and np.array_equal(p, photo) for p in gate_photos)
+    tune_photos = photos.photos("tune")
+    splits = (calibration_photos, tune_photos, gate_photos)
+    for index, split in enumerate(splits):  # no photo is in two splits
+        others = [p for other in splits[index + 1 :] for p in other]
+        for photo in split:
+            assert not any(p.shape == photo.shape and np.array_equal(p, photo) for p in others)
     # the gate starts with every whole scene, then their mirrors
     np.testing.assert_array_equal(gate[0][:, ::-1], gate[len(gate_photos)])
     turned = photos.builtin_images("gate", 4, size=64, rotate=True)
@@ -117,7 +121,11 @@ def test_static_int8_is_qdq_and_agrees_with_fp32(effnet_int8: Path, effnet_fp32:
     manifest = json.loads((effnet_int8 / "manifest.json").read_text())
     quant = manifest["quantization"]
     assert (quant["mode"], quant["format"], quant["per_channel"]) == ("int8-static", "QDQ", True)
-    assert quant["calibration_size"] == 128
+    # the recipe's sensitivity pass holds the last quarter of a user's images to tune on
+    assert quant["calibration_size"] + quant["sensitivity"]["tune_inputs"] == 128
+    assert set(quant["kept_fp32"]) >= {n["node"] for n in quant["sensitivity"]["float_nodes"]}
+    report = json.loads((effnet_int8 / "report.json").read_text())
+    assert report["variants"]["int8"]["sensitivity"] == quant["sensitivity"]
     assert manifest["io"]["image"]["mean"] == [127.0] * 3
     gate = manifest["accuracy"]
     assert gate["value"]["passed"] and gate["value"]["mean"] >= 1 - gate["max_accuracy_loss"]

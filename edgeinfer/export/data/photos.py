@@ -32,7 +32,7 @@ from edgeinfer.runtime.pictures import fit, pil
 
 __all__ = ["ImageSplit", "builtin_images", "photos", "read_images", "split_images"]
 
-ImageSplit = Literal["calibration", "gate"]
+ImageSplit = Literal["calibration", "tune", "gate"]
 _SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 # (package, folder inside it, file) of each photo, by split: no photo is in both.
 _PHOTOS: dict[str, tuple[tuple[str, str, str], ...]] = {
@@ -42,6 +42,15 @@ _PHOTOS: dict[str, tuple[tuple[str, str, str], ...]] = {
         ("skimage", "data", "brick.png"),
         ("skimage", "data", "grass.png"),
         ("skimage", "data", "cell.png"),
+    ),
+    # chooses what calibration cannot: the method, the nodes kept in float (sensitivity)
+    "tune": (
+        ("skimage", "data", "motorcycle_left.png"),
+        ("skimage", "data", "clock_motion.png"),
+        ("skimage", "data", "moon.png"),
+        ("skimage", "data", "microaneurysms.png"),
+        ("skimage", "data", "page.png"),
+        ("matplotlib", "mpl-data/sample_data", "Minduka_Present_Blue_Pack.png"),
     ),
     "gate": (
         ("sklearn", "datasets/images", "china.jpg"),
@@ -60,8 +69,8 @@ _PHOTOS: dict[str, tuple[tuple[str, str, str], ...]] = {
 }
 _PIP = {"sklearn": "scikit-learn", "skimage": "scikit-image", "matplotlib": "matplotlib"}
 # crop side as a fraction of the photo's shorter side, per split
-_CROP_RANGE = {"calibration": (0.30, 1.0), "gate": (0.40, 1.0)}
-_SEED = {"calibration": 1, "gate": 2}
+_CROP_RANGE = {"calibration": (0.30, 1.0), "tune": (0.40, 1.0), "gate": (0.40, 1.0)}
+_SEED = {"calibration": 1, "tune": 3, "gate": 2}
 
 
 def _package_folder(module: str) -> Path:

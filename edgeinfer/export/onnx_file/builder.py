@@ -183,8 +183,8 @@ class OnnxFileBuilder(GraphBuilder):
                 )
             feeds = self.form.calibration_feeds(fp32_graph, run.stage_candidate(fp32))
             quant = run.calibrated(len(feeds))
-            kept = quantize.quantize_static_cnn(fp32_graph, graph, quant, feeds=feeds)
-            info.update(quantize.static_info(quant, kept))
+            result = quantize.quantize_static_cnn(fp32_graph, graph, quant, feeds=feeds)
+            info.update(quantize.static_info(quant, result))
         return self.candidate(name, graph, name, requested=True, quantization=info)
 
     def graph_files(self, name: str, graph: Path) -> dict[str, Path]:

@@ -1,20 +1,22 @@
 """Every onnxruntime-version workaround of the export, in one place, each with its reason.
 
-Measured with onnxruntime 1.32 on a 2-core x86-64 AVX2 CPU without VNNI. When onnxruntime
-changes, this module is the one to re-check (``tests/vision`` fails if a workaround breaks).
+Measured with onnxruntime 1.32 on a 2-core x86-64 AVX2 CPU without VNNI (the AVX2 workarounds)
+and on an AVX-512 VNNI Xeon (the sensitivity pass's). When onnxruntime changes, this module is
+the one to re-check (``tests/vision`` fails if a workaround breaks).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 __all__ = [
     "DECODER_WEIGHT_TYPE",
+    "FLOAT_COPY_DISABLED",
     "FP16_KEEP_FP32_OPS",
     "UNTYPED_AS_FLOAT",
     "avx2_weight_overrides",
@@ -24,6 +26,7 @@ __all__ = [
     "preprocess",
     "preprocess_any",
     "qnn_preprocess",
+    "with_activations",
 ]
 
 # The transformer optimizer's output holds contrib ops (Attention, SkipLayerNorm) whose
@@ -146,6 +149,37 @@ def avx2_weight_overrides(model: Any) -> dict[str, list[dict[str, Any]]]:
         elif node.op_type in ("Gemm", "MatMul") and len(node.input) > 1:
             overrides[node.input[1]] = [{"reduce_range": True}]
     return overrides
+
+
+# The sensitivity pass's float copies run without onnxruntime's ``WeightBiasQuantization``
+# optimizer: it gives a Conv or Gemm that reads a dequantized input and float weights, and
+# feeds a QuantizeLinear, per-tensor int8 weights at session start (onnxruntime 1.20 on). A
+# node kept float by ``nodes_to_exclude`` meets it too where its output goes straight to a
+# quantized consumer: the pass measures each exclusion in a default session, so such a node
+# shows no gain there and the next one is tried.
+FLOAT_COPY_DISABLED = ("WeightBiasQuantization",)
+
+
+def with_activations(model: Any, names: Sequence[str]) -> list[str]:
+    """``names`` and the activation (Clip, Relu) that each one feeds alone.
+
+    Workaround: a Conv excluded alone keeps its ReLU6 quantized, and then feeds a
+    QuantizeLinear: onnxruntime gives it per-tensor weights (``FLOAT_COPY_DISABLED``), worse
+    than the per-channel ones it had. EfficientNet-Lite0, one depthwise convolution excluded
+    alone: tune agreement 97.3 % -> 75.9 %. Excluded with its activation, both run in float.
+    """
+    consumers: dict[str, list[Any]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    by_name = {n.name: n for n in model.graph.node}
+    out = []
+    for name in names:
+        out.append(name)
+        after = consumers.get(by_name[name].output[0], [])
+        if len(after) == 1 and after[0].op_type in ("Clip", "Relu"):
+            out.append(after[0].name)
+    return out
 
 
 def float_input_nodes(model: Any) -> list[str]:

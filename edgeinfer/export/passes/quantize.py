@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,10 @@ from edgeinfer.config import QuantConfig
 from edgeinfer.errors import ConfigError
 from edgeinfer.export import package
 from edgeinfer.export.passes import ort_compat
+from edgeinfer.export.passes.sensitivity import Tuning, choose_float_nodes
 
 __all__ = [
+    "StaticResult",
     "convert_fp16",
     "qdq_problems",
     "quantize_dynamic_any",
@@ -206,45 +209,100 @@ def quantize_dynamic_any(graph: Path, out_path: Path, config: QuantConfig) -> No
     )
 
 
+@dataclass(frozen=True)
+class StaticResult:
+    """What a static quantization kept in float: every node's name (``kept_fp32``), and with
+    ``float_nodes="sensitivity"`` how they were chosen (``sensitivity``, for the report)."""
+
+    kept_fp32: list[str]
+    sensitivity: dict[str, Any] | None = None
+
+
 def quantize_static_cnn(
-    graph: Path, out_path: Path, config: QuantConfig, *, feeds: Sequence[dict[str, np.ndarray]]
-) -> list[str]:
-    """Static QDQ of a pre-processed CNN graph, calibrated on ``feeds``; returns the nodes left
-    in fp32.
+    graph: Path,
+    out_path: Path,
+    config: QuantConfig,
+    *,
+    feeds: Sequence[dict[str, np.ndarray]],
+    tuning: Tuning | None = None,
+    threads: int | None = None,
+) -> StaticResult:
+    """Static QDQ of a pre-processed CNN graph, calibrated on ``feeds``.
 
     ``config.qdq_rules`` "qnn" builds the graph with onnxruntime's QNN helpers
     (``qnn_preprocess_model``, then ``get_qnn_qdq_config``); "ort" with its generic quantizer,
-    per-channel weights and the AVX2 workarounds of ``ort_compat``.
+    per-channel weights (and the AVX2 workarounds of ``ort_compat`` when the preset asks).
+    ``config.float_nodes`` "sensitivity" keeps in float the fewest nodes that let ``tuning``
+    (images neither calibration nor the gate use) reach its target: ``sensitivity``.
     """
     import onnx
-    from onnxruntime.quantization import (
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize,
-        quantize_static,
-    )
+    from onnxruntime.quantization import quantize
 
-    method = getattr(CalibrationMethod, _METHODS[config.calibration_method])
-    activations = getattr(QuantType, _QUANT_TYPES[config.activation_type])
-    weights = getattr(QuantType, _QUANT_TYPES[config.weight_type])
     if config.qdq_rules == "qnn":
         from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
         prepped = out_path.with_name(out_path.stem + "-qnn-pre.onnx")
         source = prepped if ort_compat.qnn_preprocess(graph, prepped) else graph
         qnn_config = get_qnn_qdq_config(
-            str(source),
-            _TextReader(feeds),
-            calibrate_method=method,
-            activation_type=activations,
-            weight_type=weights,
-            per_channel=config.per_channel,
+            str(source), _TextReader(feeds), per_channel=config.per_channel, **_types(config)
         )
         quantize(str(source), str(out_path), qnn_config)
-        return []
+        return StaticResult([])
+
     model = onnx.load(str(graph))
-    keep_fp32 = ort_compat.float_input_nodes(model)
+    fixed = ort_compat.float_input_nodes(model) if config.avx2_saturation_workaround else []
+    options: dict[str, Any] = {
+        # int8 activations go symmetric (zero point 0), as NPUs and S8S8 kernels expect
+        "ActivationSymmetric": config.activation_symmetric or config.activation_type == "int8",
+        "CalibPercentile": config.calibration_percentile,
+    }
+    if config.avx2_saturation_workaround:
+        options["TensorQuantOverrides"] = ort_compat.avx2_weight_overrides(model)
+
+    def write(exclude: Sequence[str], out: Path) -> None:
+        _quantize_ort(
+            graph,
+            out,
+            config,
+            feeds,
+            [*fixed, *ort_compat.with_activations(model, exclude)],
+            options,
+        )
+
+    if config.float_nodes == "fixed" or tuning is None or config.max_float_nodes == 0:
+        write([], out_path)
+        return StaticResult(fixed)
+    work = out_path.with_name(out_path.stem + "-sensitivity")
+    work.mkdir(exist_ok=True)
+    tried, count, first, best = choose_float_nodes(
+        write, graph, tuning, work_dir=work, max_float_nodes=config.max_float_nodes,
+        threads=threads,
+    )  # fmt: skip
+    best.replace(out_path)
+    record = {
+        "tune_inputs": sum(len(next(iter(feed.values()))) for feed in tuning.feeds),
+        "tune_target": round(tuning.target, 6),
+        "tune_score_all_int8": round(first, 6),
+        "float_nodes": [node.to_dict() for node in tried[:count]],
+        # tried after those and not kept: the tune score did not rise
+        "tried": [node.to_dict() for node in tried[count:]],
+    }
+    chosen = tried[:count]
+    return StaticResult(
+        [*fixed, *ort_compat.with_activations(model, [n.name for n in chosen])], record
+    )
+
+
+def _quantize_ort(
+    graph: Path,
+    out_path: Path,
+    config: QuantConfig,
+    feeds: Sequence[dict[str, np.ndarray]],
+    exclude: list[str],
+    options: dict[str, Any],
+) -> None:
+    from onnxruntime.quantization import QuantFormat, quantize_static
+
     quantize_static(
         str(graph),
         str(out_path),
@@ -252,20 +310,24 @@ def quantize_static_cnn(
         quant_format=QuantFormat.QDQ,
         per_channel=config.per_channel,
         reduce_range=config.reduce_range,
-        activation_type=activations,
-        weight_type=weights,
-        calibrate_method=method,
-        nodes_to_exclude=keep_fp32,
-        extra_options={
-            "ActivationSymmetric": config.activation_symmetric,
-            "TensorQuantOverrides": ort_compat.avx2_weight_overrides(model),
-            "CalibPercentile": config.calibration_percentile,
-        },
+        nodes_to_exclude=exclude,
+        extra_options=dict(options),
+        **_types(config),
     )
-    return keep_fp32
 
 
-def static_info(config: QuantConfig, kept_fp32: list[str]) -> dict[str, Any]:
+def _types(config: QuantConfig) -> dict[str, Any]:
+    """onnxruntime's calibration method, activation and weight types named by ``config``."""
+    from onnxruntime.quantization import CalibrationMethod, QuantType
+
+    return {
+        "calibrate_method": getattr(CalibrationMethod, _METHODS[config.calibration_method]),
+        "activation_type": getattr(QuantType, _QUANT_TYPES[config.activation_type]),
+        "weight_type": getattr(QuantType, _QUANT_TYPES[config.weight_type]),
+    }
+
+
+def static_info(config: QuantConfig, result: StaticResult) -> dict[str, Any]:
     """The manifest's ``quantization`` fields of a static QDQ graph made with ``config``."""
     info: dict[str, Any] = {
         "format": "QDQ",
@@ -274,12 +336,16 @@ def static_info(config: QuantConfig, kept_fp32: list[str]) -> dict[str, Any]:
         "weight_type": config.weight_type,
         "per_channel": config.per_channel,
         "reduce_range": config.reduce_range,
+        "avx2_saturation_workaround": config.avx2_saturation_workaround,
         "calibration_method": config.calibration_method,
         "calibration_size": config.calibration_size,
-        "kept_fp32": kept_fp32,
+        "float_nodes": config.float_nodes,
+        "kept_fp32": result.kept_fp32,
     }
     if config.calibration_method == "percentile":
         info["calibration_percentile"] = config.calibration_percentile
+    if result.sensitivity is not None:
+        info["sensitivity"] = result.sensitivity
     return info
 
 

@@ -22,9 +22,10 @@ from edgeinfer.errors import ConfigError, MissingDependencyError, ParityError
 from edgeinfer.export import package
 from edgeinfer.export.builder import GraphBuilder
 from edgeinfer.export.context import Candidate
-from edgeinfer.export.data.photos import builtin_images, read_images
+from edgeinfer.export.data.photos import builtin_images, read_images, split_images
 from edgeinfer.export.labels import default_labels, read_labels
 from edgeinfer.export.passes import ort_compat, quantize
+from edgeinfer.export.passes.sensitivity import Tuning, run_outputs
 from edgeinfer.export.passes.validate import (
     DECIDED_MARGIN,
     Accuracy,
@@ -156,7 +157,7 @@ class VisionBuilder(GraphBuilder):
 
     def _quantized(self, fp32_graph: Path) -> Candidate:
         run = self.run
-        quant, opts = run.quant, run.options
+        quant = run.quant
         name = "fp16" if quant.mode == "fp16" else "int8"
         graph = run.work / f"{name}.onnx"
         info: dict[str, Any] = {"mode": quant.mode}
@@ -165,20 +166,55 @@ class VisionBuilder(GraphBuilder):
         elif quant.mode == "int8":
             quantize.quantize_dynamic_cnn(fp32_graph, graph, quant)
         else:
-            calib = (
-                read_images(opts.calibration, size=self.image)
-                if opts.calibration and str(opts.calibration) != "builtin"
-                else builtin_images("calibration", quant.calibration_size, size=self.image)
-            )
+            calib, tune = self._calibration_and_tune()
             quant = run.calibrated(len(calib))
             feeds = [{"pixel_values": self._pixels(view[None])} for view in calib]
-            kept = quantize.quantize_static_cnn(fp32_graph, graph, quant, feeds=feeds)
-            info.update(quantize.static_info(quant, kept))
+            tuning = self._tuning(fp32_graph, tune) if quant.float_nodes == "sensitivity" else None
+            result = quantize.quantize_static_cnn(
+                fp32_graph, graph, quant, feeds=feeds, tuning=tuning, threads=run.threads
+            )
+            info.update(quantize.static_info(quant, result))
+            if result.sensitivity is not None:
+                run.note(name, sensitivity=result.sensitivity)
         if name == "int8":
             info.update(per_channel=quant.per_channel, reduce_range=quant.reduce_range)
         if quant.fixed_batch is not None:
             info["fixed_batch"] = quant.fixed_batch
         return self.candidate(name, graph, name, requested=True, quantization=info)
+
+    def _calibration_and_tune(self) -> tuple[np.ndarray, np.ndarray]:
+        """The calibration images and the tune images that choose the nodes kept in float:
+        the built-in splits, or a user's calibration images with their last quarter held."""
+        opts, quant = self.run.options, self.run.quant
+        if opts.calibration and str(opts.calibration) != "builtin":
+            images = read_images(opts.calibration, size=self.image)
+            if quant.float_nodes != "sensitivity":
+                return images, images[:0]
+            return split_images(images)
+        calib = builtin_images("calibration", quant.calibration_size, size=self.image)
+        if quant.float_nodes != "sensitivity":
+            return calib, calib[:0]
+        return calib, builtin_images("tune", self.run.options.held_count, size=self.image)
+
+    def _tuning(self, fp32_graph: Path, views: np.ndarray) -> Tuning:
+        """The tune images judged as the gate judges: top-1 agreement with fp32 on the
+        decided ones, to reach halfway from the gate's bar to 1; nodes ranked by KL."""
+        batch = self.run.quant.fixed_batch or 16
+        feeds = [
+            {"pixel_values": self._pixels(views[i : i + batch])}
+            for i in range(0, len(views), batch)
+        ]
+        fp32 = _softmax(np.concatenate(run_outputs(fp32_graph, feeds, threads=self.run.threads)))
+        bar = 1.0 - self.run.max_accuracy_loss
+
+        def kl(outputs: list[np.ndarray]) -> float:
+            probs = _softmax(np.concatenate(outputs))
+            return float(np.mean(np.sum(fp32 * (np.log(fp32 + 1e-12) - np.log(probs + 1e-12)), 1)))
+
+        def score(outputs: list[np.ndarray]) -> float:
+            return agreement(fp32, _softmax(np.concatenate(outputs)))[0].mean
+
+        return Tuning(feeds=feeds, loss=kl, score=score, target=bar + (1.0 - bar) / 2)
 
     def graph_io(self, graph: Path) -> PackageIO:
         inputs, outputs = package.read_io(graph)
