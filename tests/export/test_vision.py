@@ -16,7 +16,7 @@ import edgeinfer
 from edgeinfer.errors import ConfigError, InputError
 from edgeinfer.export.data import photos
 from edgeinfer.export.options import ExportOptions
-from edgeinfer.export.passes.quantize import qdq_problems
+from edgeinfer.export.passes.validate import qdq_problems
 from edgeinfer.export.run import export
 from edgeinfer.package_io import ImageClassifierIO, ImageSpec
 from edgeinfer.runtime.pictures import pictures_to_batch

@@ -25,6 +25,7 @@ __all__ = [
     "agreement",
     "compare",
     "load_candidate",
+    "qdq_problems",
     "run_model",
     "torch_reference",
 ]
@@ -141,3 +142,64 @@ def compare(task: str, reference: np.ndarray, candidate: np.ndarray) -> Accuracy
 def load_candidate(folder: Path, threads: int | None) -> Model:
     """Load a staged candidate package the way a device would (spin off: several are alive)."""
     return load(folder, verify=False, config=RuntimeConfig(threads=threads, spin_wait=False))
+
+
+_QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
+def qdq_problems(graph: Path) -> list[str]:
+    """Why ``graph`` is not a pure-QDQ graph with fixed shapes (empty list: it is one).
+
+    Checks: ``onnx.checker`` passes; every input, output and inferred tensor has a static
+    shape; every float tensor a compute node reads comes from a ``DequantizeLinear``; every
+    compute node's output goes only to ``QuantizeLinear`` nodes; graph inputs go only to a
+    ``QuantizeLinear`` and graph outputs come from a ``DequantizeLinear``.
+    """
+    import onnx
+
+    model = onnx.load(str(graph))
+    problems: list[str] = []
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as exc:
+        problems.append(f"onnx.checker: {exc}")
+    inferred = onnx.shape_inference.infer_shapes(model)
+    values = [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]
+    for value in values:
+        dims = value.type.tensor_type.shape.dim
+        if not dims and value.type.tensor_type.elem_type != 0:
+            continue  # a scalar (scales, zero points)
+        if any(d.dim_param or d.dim_value < 1 for d in dims):
+            problems.append(f"tensor {value.name} has a dynamic shape")
+    producer = {o: n for n in model.graph.node for o in n.output}
+    consumers: dict[str, list[Any]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    initializers = {i.name for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type in _QDQ_OPS:
+            continue
+        for name in node.input:
+            source = producer.get(name)
+            if (
+                name
+                and name not in initializers
+                and (source is None or source.op_type != "DequantizeLinear")
+            ):
+                problems.append(
+                    f"{node.op_type} {node.name} reads {name} not from a DequantizeLinear"
+                )
+        for name in node.output:
+            if any(c.op_type != "QuantizeLinear" for c in consumers.get(name, [])):
+                problems.append(
+                    f"{node.op_type} {node.name} feeds a node other than QuantizeLinear"
+                )
+    for value in model.graph.input:
+        if any(c.op_type != "QuantizeLinear" for c in consumers.get(value.name, [])):
+            problems.append(f"graph input {value.name} is read unquantized")
+    for value in model.graph.output:
+        source = producer.get(value.name)
+        if source is None or source.op_type != "DequantizeLinear":
+            problems.append(f"graph output {value.name} does not come from a DequantizeLinear")
+    return problems
