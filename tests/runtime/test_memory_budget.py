@@ -5,6 +5,7 @@ cgroup when one can be made here."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import subprocess
 import sys
@@ -25,6 +26,9 @@ def _budgeted(package: Path, room_bytes: int, **options: object) -> edgeinfer.Mo
     probe = edgeinfer.load(package, config=edgeinfer.RuntimeConfig(threads=1, warmup_runs=0))
     held = memory.anonymous_bytes()
     probe.close()
+    del probe  # its sessions go before the budgeted model loads
+    gc.collect()
+    memory.release_heap()
     budget = held + 8 * 2**20 + room_bytes  # the generator keeps 8 MiB for serving
     config = edgeinfer.RuntimeConfig(threads=1, warmup_runs=0, memory_budget_bytes=budget)
     return edgeinfer.load(package, config=config, **options)
