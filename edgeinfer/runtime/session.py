@@ -14,7 +14,7 @@ from edgeinfer.errors import InferenceError, PackageError
 from edgeinfer.providers import with_options
 from edgeinfer.runtime import memory, prepacked
 
-__all__ = ["GraphSession", "mark_profile_start", "session_options"]
+__all__ = ["GraphSession", "mark_profile_start", "open_session", "session_options"]
 
 
 def session_options(
@@ -58,6 +58,26 @@ def mark_profile_start(session: Any, options: Any) -> None:
         Path(f"{options.profile_file_prefix}.start").write_text(str(start), encoding="utf-8")
 
 
+def open_session(graph: Path, *, providers: list[str], config: RuntimeConfig) -> tuple[Any, Path]:
+    """An onnxruntime ``InferenceSession`` of the package graph ``graph`` (its file-backed
+    prepacked copy when ``config`` asks, ``runtime.prepacked``), and the file it loaded.
+    onnxruntime's own exceptions pass through: the caller says which package failed."""
+    import onnxruntime as ort
+
+    loaded = prepacked.graph_to_load(
+        graph,
+        providers=providers,
+        config=config,
+        options=lambda: session_options(config, graph=graph),
+    )
+    options = session_options(config, graph=graph, optimized=loaded != graph)
+    session = ort.InferenceSession(
+        str(loaded), providers=with_options(providers, package=graph.parent), sess_options=options
+    )
+    mark_profile_start(session, options)
+    return session, loaded
+
+
 class GraphSession:
     """One ONNX graph loaded into an onnxruntime ``InferenceSession``.
 
@@ -70,25 +90,13 @@ class GraphSession:
     def __init__(self, path: Path, *, providers: list[str], config: RuntimeConfig) -> None:
         import onnxruntime as ort
 
-        graph = prepacked.graph_to_load(
-            path,
-            providers=providers,
-            config=config,
-            options=lambda: session_options(config, graph=path),
-        )
-        options = session_options(config, graph=path, optimized=graph != path)
         try:
-            self._session = ort.InferenceSession(
-                str(graph),
-                providers=with_options(providers, package=path.parent),
-                sess_options=options,
-            )
+            self._session, _ = open_session(path, providers=providers, config=config)
         except Exception as exc:  # ORT raises its own pybind classes, not a public hierarchy
             raise PackageError(
                 f"onnxruntime could not load {path.name}: {exc}. The file is corrupt or was "
                 "exported for a newer onnxruntime; re-export the package"
             ) from exc
-        mark_profile_start(self._session, options)
         self.path = path
         self.input_names = [i.name for i in self._session.get_inputs()]
         self.output_names = [o.name for o in self._session.get_outputs()]

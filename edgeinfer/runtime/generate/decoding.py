@@ -24,11 +24,11 @@ from edgeinfer.config import RuntimeConfig, SamplingConfig
 from edgeinfer.errors import ConfigError, ContextLengthExceededError, InferenceError, PackageError
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import DecoderIO
-from edgeinfer.runtime import memory, prepacked
+from edgeinfer.runtime import memory
 from edgeinfer.runtime.generate.kvcache import KVCache, device_for
 from edgeinfer.runtime.generate.lookup import PromptLookup, accept_greedy
 from edgeinfer.runtime.generate.sampling import Sampler
-from edgeinfer.runtime.session import mark_profile_start, session_options
+from edgeinfer.runtime.session import open_session
 
 __all__ = ["Decoder"]
 
@@ -63,23 +63,12 @@ class Decoder:
                 f"context_length must be in [2, {io.context_length}], got {context_length}"
             )
         providers = eps.resolve(config.providers or tuple(manifest.providers))
-        packaged = Path(path) / io.graph
-        graph = prepacked.graph_to_load(
-            packaged,
-            providers=providers,
-            config=config,
-            options=lambda: session_options(config, graph=packaged),
-        )
-        options = session_options(config, graph=packaged, optimized=graph != packaged)
         try:
-            self._session = ort.InferenceSession(
-                str(graph),
-                providers=eps.with_options(providers, package=Path(path)),
-                sess_options=options,
+            self._session, graph = open_session(
+                Path(path) / io.graph, providers=providers, config=config
             )
         except Exception as exc:  # ORT raises its own pybind classes
             raise PackageError(f"cannot load the generate package {path}: {exc}") from exc
-        mark_profile_start(self._session, options)
         _check_names(self._session, io, path)
         memory.release_heap()  # the graph's protobuf, parsed and freed
         # External weights next to the graph are mapped; what prepacking read is not needed.
