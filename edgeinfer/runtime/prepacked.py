@@ -87,7 +87,7 @@ def graph_to_load(
     }
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
     entry = root / f"{graph.stem}-{key}"
-    if _usable(entry, identity, verify=config.verify):
+    if _usable(entry, graph.name, identity, verify=config.verify):
         os.utime(entry / _ENTRY)  # its last use: the least recently used entries go first
         return entry / graph.name
     try:
@@ -115,27 +115,40 @@ def _package_digests(graph: Path) -> dict[str, str]:
     return {name: files[name].sha256 for name in names if name in files}
 
 
-def _usable(entry: Path, identity: dict[str, Any], *, verify: bool) -> bool:
-    """Whether ``entry`` is a whole build for ``identity`` whose files are intact; a damaged
-    one is removed (to be built again)."""
+def _usable(entry: Path, graph: str, identity: dict[str, Any], *, verify: bool) -> bool:
+    """Whether ``entry`` is a whole build of ``graph`` for ``identity`` whose files are intact;
+    any other entry there (damaged, half removed, a record of another shape) is removed, to be
+    built again."""
+    if not entry.exists():
+        return False
+    damage = _damage(entry, graph, identity, verify=verify)
+    if damage is None:
+        return True
+    log.warning("the prepacked copy %s is damaged (%s): building it again", entry, damage)
+    shutil.rmtree(entry, ignore_errors=True)
+    return False
+
+
+def _damage(entry: Path, graph: str, identity: dict[str, Any], *, verify: bool) -> str | None:
+    """What is wrong with ``entry``'s record or files, or None."""
     try:
         recorded = json.loads((entry / _ENTRY).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        if entry.exists():  # half removed, or its record damaged
-            shutil.rmtree(entry, ignore_errors=True)
-        return False
-    files: dict[str, Any] = recorded.get("files", {}) if isinstance(recorded, dict) else {}
+    except (OSError, ValueError) as exc:
+        return f"its record: {exc}"
+    files = recorded.get("files") if isinstance(recorded, dict) else None
+    if not isinstance(files, dict) or graph not in files:
+        return "its record lists no files"
+    if recorded.get("identity") != identity:
+        return "its record is for another graph, CPU or onnxruntime"
     for name, want in files.items():
         path = entry / name
-        if (
-            not path.is_file()
-            or path.stat().st_size != want["bytes"]
-            or (verify and sha256_file(path) != want["sha256"])
+        if not (isinstance(want, dict) and "/" not in name and path.is_file()):
+            return str(name)
+        if path.stat().st_size != want.get("bytes") or (
+            verify and sha256_file(path) != want.get("sha256")
         ):
-            log.warning("the prepacked copy %s is damaged (%s): building it again", entry, name)
-            shutil.rmtree(entry, ignore_errors=True)
-            return False
-    return bool(files) and recorded.get("identity") == identity
+            return str(name)
+    return None
 
 
 def _build(graph: Path, entry: Path, identity: dict[str, Any], so: Any) -> None:

@@ -158,3 +158,21 @@ def test_the_cache_keeps_the_most_recently_used_entries(tiny_package: Path, tmp_
     assert len(left) == prepacked._KEEP_ENTRIES and real.name in left
     newest = {f"other-{i}" for i in range(3, prepacked._KEEP_ENTRIES + 2)}
     assert left - {real.name} == newest  # the least recently used went
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        "not json",
+        '["a list"]',
+        '{"files": ["model.onnx"], "identity": {}}',
+        '{"files": {"model.onnx": "a string"}, "identity": {}}',
+        '{"files": {"../../model.onnx": {"bytes": 1, "sha256": "0"}}, "identity": {}}',
+    ],
+)
+def test_a_hostile_entry_record_is_rebuilt(tiny_package: Path, tmp_path: Path, record: str) -> None:
+    plain = _greedy(tiny_package, _config(tmp_path))
+    [entry] = _entries(tmp_path)
+    (entry / "entry.json").write_text(record)
+    assert _greedy(tiny_package, _config(tmp_path)) == plain
+    assert "model.onnx" in json.loads((entry / "entry.json").read_text())["files"]  # rebuilt
