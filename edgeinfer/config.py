@@ -72,6 +72,10 @@ class RuntimeConfig:
     memory_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("profile_dir", "prepack_cache_dir"):  # a str is what users pass
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value).expanduser())
         if self.memory_budget_bytes is not None and self.memory_budget_bytes < 1:
             raise ConfigError(f"memory_budget_bytes must be >= 1, got {self.memory_budget_bytes}")
         if self.threads is not None and self.threads < 1:

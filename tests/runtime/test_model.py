@@ -116,6 +116,12 @@ def test_runtime_config_is_validated() -> None:
         RuntimeConfig(warmup_runs=-1)
 
 
+def test_runtime_config_takes_folders_as_strings(tmp_path: Path) -> None:
+    config = RuntimeConfig(prepack_cache_dir=str(tmp_path), profile_dir=str(tmp_path / "p"))  # type: ignore[arg-type]
+    assert config.prepack_cache_dir == tmp_path
+    assert config.profile_dir == tmp_path / "p"
+
+
 def test_generate_on_an_encoder_package_is_refused(model: edgeinfer.Model) -> None:
     with pytest.raises(ConfigError, match="no generate"):
         model.generate("hello")
