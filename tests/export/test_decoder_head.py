@@ -13,8 +13,9 @@ import onnxruntime as ort
 import pytest
 
 from edgeinfer.config import RuntimeConfig, SamplingConfig
+from edgeinfer.errors import ConversionError
 from edgeinfer.export import package
-from edgeinfer.export.decoder.head import refine_head
+from edgeinfer.export.decoder.head import refine_head, split_head
 from edgeinfer.export.decoder.lm import full_logits
 from edgeinfer.export.decoder.variants import VARIANTS
 from edgeinfer.export.passes import quantize
@@ -91,3 +92,59 @@ def test_one_token_steps_and_verification_compute_the_same_bits(int8_folder: Pat
     rows = gen._forward(tokens[:-1], len(ids), len(tokens) - 1, "logits")  # one pass
     for row, step in zip(rows, steps[1:], strict=True):
         assert np.array_equal(row, step)  # bit for bit, not merely close
+
+
+def test_a_split_head_gives_the_whole_heads_logits(tiny_package: Path, tmp_path: Path) -> None:
+    io = Manifest.read(tiny_package).io
+    whole, split = tmp_path / "whole.onnx", tmp_path / "split.onnx"
+    quantize.quantize_weight_only(tiny_package / "model.onnx", whole, bits=4)
+    split_head(whole, split, max_bytes=1024)  # the tiny head in several pieces
+    model = onnx.load(str(split))
+    pieces = [n for n in model.graph.node if n.name.startswith("/lm_head/")]
+    assert [n.op_type for n in pieces].count("MatMulNBits") > 2
+    assert sum(n.op_type == "MatMulNBits" for n in pieces) == sum(
+        n.op_type == "MatMulNBits" and n.name.startswith("/lm_head/") for n in model.graph.node
+    )
+    got = full_logits(ort.InferenceSession(str(split)), io, IDS)
+    want = full_logits(ort.InferenceSession(str(whole)), io, IDS)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert (got.argmax(1) == want.argmax(1)).all()
+
+
+def test_a_tied_8_bit_head_is_not_split(int8_folder: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConversionError, match="read by other nodes"):
+        split_head(int8_folder / "model.onnx", tmp_path / "split.onnx", max_bytes=1024)
+
+
+def test_the_4_bit_ranking_head_refines_from_the_8_bit_table(
+    tiny_package: Path, tmp_path: Path
+) -> None:
+    io = Manifest.read(tiny_package).io
+    graph = tmp_path / "rank4.onnx"
+    VARIANTS["int8-weight-only-int8-embed-rank4-refined"].build(tiny_package / "model.onnx", graph)
+    model = onnx.load(str(graph))
+    head = [n for n in model.graph.node if n.name.startswith("/lm_head/MatMul")]
+    assert {dict((a.name, a.i) for a in n.attribute)["bits"] for n in head} == {4}
+    gathers = {n.input[0] for n in model.graph.node if n.op_type == "GatherBlockQuantized"}
+    assert len(gathers) == 1  # the embedding and the refinement read one 8-bit table
+    # The default variant refines from the head's own 8-bit blocks, this one from the table
+    # quantized on its own: the same values up to rounding, so the same best token except at
+    # the random tiny model's near-ties.
+    default = tmp_path / "default.onnx"
+    VARIANTS["int8-weight-only-int8-embed-refined"].build(tiny_package / "model.onnx", default)
+    got = full_logits(ort.InferenceSession(str(graph)), io, IDS)
+    want = full_logits(ort.InferenceSession(str(default)), io, IDS)
+    assert (got.argmax(1) == want.argmax(1)).mean() >= 0.9
+
+
+def test_a_ranking_copy_is_skipped_for_an_untied_head(tiny_package: Path, tmp_path: Path) -> None:
+    rank4 = VARIANTS["int8-weight-only-int8-embed-rank4-refined"]
+    assert rank4.unsuitable is not None
+    assert rank4.unsuitable(tiny_package / "model.onnx") is None  # the tiny model is tied
+    model = onnx.load(str(tiny_package / "model.onnx"))
+    head = next(n for n in model.graph.node if n.name == "/lm_head/MatMul")
+    weight = next(i for i in model.graph.initializer if i.name == head.input[1])
+    untied = onnx.numpy_helper.to_array(weight) * 1.5
+    weight.CopyFrom(onnx.numpy_helper.from_array(untied, weight.name))
+    onnx.save(model, str(tmp_path / "untied.onnx"))
+    assert "not tied" in (rank4.unsuitable(tmp_path / "untied.onnx") or "")

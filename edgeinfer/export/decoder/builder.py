@@ -148,12 +148,24 @@ class DecoderBuilder(Builder):
         run.add(fp32)
         if run.quant.mode != "none":
             with run.stage("quantize"):
+                skipped = {}
                 for name in variants:
                     variant, graph = VARIANTS[name], work / f"{name}.onnx"
+                    reason = variant.unsuitable(raw_graph) if variant.unsuitable else None
+                    if reason is not None:
+                        skipped[name] = reason
+                        run.note(name, skipped=reason)
+                        continue
                     variant.build(raw_graph, graph)
                     files = package.externalize(graph, work / "variants" / name)
                     graph.unlink()
                     run.add(self._candidate(name, files, variant.info, requested=True))
+                if len(skipped) == len(variants):
+                    raise ConfigError(
+                        "no requested variant applies to this model: "
+                        + "; ".join(f"{k}: {v}" for k, v in skipped.items())
+                        + f"; the default ones are {', '.join(DEFAULT_VARIANTS)}"
+                    )
         raw_graph.unlink()
         with run.stage("measure"):
             self._measure_all()

@@ -15,6 +15,7 @@ then be a smaller copy: 2 or 4 bits), else from the 8-bit head's own initializer
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,12 +24,17 @@ import numpy as np
 from edgeinfer.errors import ConversionError
 from edgeinfer.export.package import save_graph
 
-__all__ = ["REFINE_TOKENS", "refine_head"]
+__all__ = ["REFINE_TOKENS", "refine_head", "split_head"]
 
 # The true argmax is among the ranking head's 64 best on every held position seen (a 2-bit
 # ranking head is off by ~1 logit; the 64th best trails the best by several logits).
 REFINE_TOKENS = 64
 _EMBED = "/embed/GatherBlockQuantized"
+# The most weight bytes one piece of a split head holds: onnxruntime prepacks a weight in one
+# allocation, and a load that maps prepacks from a file (``runtime.prepacked``) still builds
+# each one on the heap before it takes the file's copy, so the largest weight is the load's
+# transient: Gemma 3's 262k-row 4-bit head is 84 MB of weights, ~100 MB prepacked.
+SPLIT_WEIGHT_BYTES = 8 * 2**20
 
 
 class _Rows(NamedTuple):
@@ -144,4 +150,67 @@ def refine_head(
     index = list(graph.node).index(head) + 1
     for offset, node in enumerate(nodes):
         graph.node.insert(index + offset, node)
+    save_graph(model, out_path)
+
+
+def split_head(graph_path: Path, out_path: Path, *, max_bytes: int = SPLIT_WEIGHT_BYTES) -> None:
+    """Write ``graph_path`` with its ``MatMulNBits`` lm_head split along the vocabulary into
+    pieces of at most ``max_bytes`` of weights, their logits concatenated, to ``out_path``.
+
+    The same dot products in the same blocks: the logits are those of the whole head. Only a
+    head whose weights no other node reads can be split (a tied 8-bit head is the embedding's
+    table: its pieces would be a second copy)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(graph_path))
+    graph = model.graph
+    head = next(
+        (n for n in graph.node if n.name.startswith("/lm_head/") and n.op_type == "MatMulNBits"),
+        None,
+    )
+    if head is None or len(head.input) != 3:
+        raise ConversionError(f"{graph_path} has no MatMulNBits lm_head (weights, scales) to split")
+    if any(head.input[1] in n.input for n in graph.node if n is not head):
+        raise ConversionError(f"{graph_path}: the lm_head's weights are read by other nodes too")
+    attrs = _attrs(head)
+    inits = {i.name: i for i in graph.initializer}
+    weights = numpy_helper.to_array(inits[head.input[1]])  # [N, K/block, block * bits / 8]
+    vocab = int(attrs["N"])
+    scales = numpy_helper.to_array(inits[head.input[2]]).reshape(vocab, -1)
+    pieces = -(-weights.nbytes // max_bytes)
+    if pieces < 2:
+        save_graph(model, out_path)
+        return
+    bounds = np.linspace(0, vocab, pieces + 1).astype(np.int64)
+    nodes, outputs = [], []
+    for index, (start, stop) in enumerate(itertools.pairwise(bounds.tolist())):
+        name = f"{head.name}_part{index}"
+        for source, part in ((head.input[1], weights), (head.input[2], scales)):
+            piece = np.ascontiguousarray(part[start:stop])
+            graph.initializer.append(
+                numpy_helper.from_array(
+                    piece.reshape(-1) if part is scales else piece, f"{source}_part{index}"
+                )
+            )
+        outputs.append(f"{head.output[0]}_part{index}")
+        nodes.append(
+            helper.make_node(
+                "MatMulNBits",
+                [head.input[0], f"{head.input[1]}_part{index}", f"{head.input[2]}_part{index}"],
+                [outputs[-1]],
+                name=name,
+                domain="com.microsoft",
+                **{**attrs, "N": int(stop - start)},
+            )
+        )
+    nodes.append(
+        helper.make_node("Concat", outputs, [head.output[0]], name=f"{head.name}_concat", axis=-1)
+    )
+    index = list(graph.node).index(head)
+    graph.node.remove(head)
+    for offset, node in enumerate(nodes):
+        graph.node.insert(index + offset, node)
+    for name in head.input[1:]:
+        graph.initializer.remove(inits[name])
     save_graph(model, out_path)
