@@ -118,22 +118,35 @@ class SentencePieceTokenizer:
         special = [i for i in range(self._size) if sp.is_control(i) or sp.is_unknown(i)]
         self._special_ids = frozenset(special)
         self._special = {sp.id_to_piece(i): i for i in special}
-        # Longest first: at one position the longest special token wins (leftmost-longest)
-        longest = sorted(self._special, key=len, reverse=True)
-        self._split = re.compile("(" + "|".join(map(re.escape, longest)) + ")") if longest else None
+        # Where a special token may start, and its lengths, longest first (leftmost-longest,
+        # as tokenizers matches them); a regex of Gemma's 6,249 specials would hold 4 MB.
+        self._lengths = sorted({len(p) for p in self._special}, reverse=True)
+        firsts = "".join(sorted({p[0] for p in self._special}))
+        self._starts = re.compile(f"[{re.escape(firsts)}]") if firsts else None
         # A dummy prefix ("▁" before each text) is dropped again from the first decoded piece.
         self._strip_first = sp.decode_pieces(["▁a"]) == "a"
 
     def encode(self, text: str) -> list[int]:
         """See ``LMTokenizer.encode``."""
-        if self._split is None:
+        if self._starts is None:
             return list(self._sp.encode(text))
         ids: list[int] = []
-        for i, part in enumerate(self._split.split(text)):  # odd parts: special tokens
-            if i % 2:
-                ids.append(self._special[part])
-            elif part:
-                ids.extend(self._sp.encode(part))
+        done = 0  # the text before it is encoded
+        for start in self._starts.finditer(text):
+            at = start.start()
+            if at < done:
+                continue
+            for length in self._lengths:
+                piece = text[at : at + length]
+                special = self._special.get(piece)
+                if special is not None:
+                    if at > done:
+                        ids.extend(self._sp.encode(text[done:at]))
+                    ids.append(special)
+                    done = at + len(piece)
+                    break
+        if done < len(text):
+            ids.extend(self._sp.encode(text[done:]))
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -164,7 +177,14 @@ class SentencePieceTokenizer:
 
     def decode_step(self) -> DecodeStep:
         """See ``LMTokenizer.decode_step``: tokenizers' ``DecodeStream`` over ``decode``."""
-        return _DecodeStream(self.decode).step
+        return _DecodeStream(self.decode, None if self._strip_first else self._surface).step
+
+    def _surface(self, token: int) -> str | None:
+        """The text of a plain piece (decoding is then concatenation); None for the others:
+        special, byte and out-of-vocabulary ids."""
+        if token in self._special_ids or not 0 <= token < self._size or self._sp.is_byte(token):
+            return None
+        return str(self._sp.id_to_piece(token)).replace("▁", " ")
 
     def special_pieces(self) -> list[str]:
         """See ``LMTokenizer.special_pieces``."""
@@ -181,26 +201,46 @@ def _utf8_or_replaced(run: bytearray) -> str:
 class _DecodeStream:
     """tokenizers' ``DecodeStream`` over any ``decode``: decode a short window of the last
     ids; emit what it adds to the window's previous text, unless that ends in U+FFFD (an
-    incomplete character: wait for the next id)."""
+    incomplete character: wait for the next id).
 
-    def __init__(self, decode: Callable[[Sequence[int]], str]) -> None:
-        self._decode = decode
+    ``surface`` (a plain piece's text, None for any other id) lets a window of plain pieces
+    be decoded by joining their texts, without a ``decode`` call: the same text, faster.
+    """
+
+    def __init__(
+        self,
+        decode: Callable[[Sequence[int]], str],
+        surface: Callable[[int], str | None] | None = None,
+    ) -> None:
+        self._decode, self._surface = decode, surface
         self._ids: list[int] = []
+        self._parts: list[str] | None = [] if surface else None  # the window's plain texts
         self._prefix = ""
         self._prefix_index = 0
 
+    def _text(self) -> str:
+        return "".join(self._parts) if self._parts is not None else self._decode(self._ids)
+
     def step(self, token: int) -> str | None:
         if not self._prefix and self._ids:
-            prefix = self._decode(self._ids)
+            prefix = self._text()
             if not prefix.endswith("\ufffd"):
                 self._prefix, self._prefix_index = prefix, len(self._ids)
         self._ids.append(token)
-        text = self._decode(self._ids)
+        if self._parts is not None:
+            part = self._surface(token) if self._surface else None
+            self._parts = None if part is None else [*self._parts, part]
+        text = self._text()
         if len(text) <= len(self._prefix) or text.endswith("\ufffd"):
             return None
         new = text[len(self._prefix) :]
         next_index = len(self._ids) - self._prefix_index
         self._ids = self._ids[self._prefix_index :]
-        self._prefix = self._decode(self._ids)
+        if self._parts is not None:
+            self._parts = self._parts[self._prefix_index :]
+        elif self._surface is not None:  # a window left with plain pieces only: joined again
+            parts = [self._surface(i) for i in self._ids]
+            self._parts = None if None in parts else [p for p in parts if p is not None]
+        self._prefix = self._text()
         self._prefix_index = next_index
         return new
