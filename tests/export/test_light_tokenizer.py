@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import logging
 import shutil
 import sys
@@ -263,3 +264,53 @@ def test_generator_loads_the_light_tokenizer_alone_or_falls_back(
     old_io = Manifest.read(tiny_package).io_as(DecoderIO)
     assert old_io.light_tokenizer is None
     assert isinstance(load_tokenizer(tiny_package, old_io), JsonTokenizer)
+
+
+GEMMA_TURNS = (
+    "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n"
+    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def _tiny_folder(out: Path, built: tuple[Path, Path] | None) -> Path:
+    """The tiny decoder's model folder with a ``tokenizer.model`` beside its tokenizer.json:
+    with ``built``, the test GGUF's pair (they agree), else the GGUF's model beside the tiny
+    decoder's own byte-level tokenizer.json (they disagree)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    from build_tiny_decoder import build
+
+    sys.path.pop(0)
+    folder = build(out)
+    if built is not None:
+        shutil.copy(built[0], folder / "tokenizer.json")
+        tokens = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}
+        config = {**tokens, "unk_token": "<unk>", "chat_template": GEMMA_TURNS}
+        (folder / "tokenizer_config.json").write_text(
+            json.dumps({**config, "tokenizer_class": "PreTrainedTokenizerFast"})
+        )
+    return folder
+
+
+@pytest.mark.slow
+def test_export_ships_a_light_tokenizer_only_when_it_agrees(
+    built: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from edgeinfer.export.options import ExportOptions
+    from edgeinfer.export.run import export
+
+    for agrees in (True, False):
+        folder = _tiny_folder(tmp_path / f"src-{agrees}", built if agrees else None)
+        shutil.copy(built[1], folder / LIGHT_TOKENIZER_NAME)
+        out = tmp_path / f"pkg-{agrees}"
+        with caplog.at_level(logging.WARNING):
+            export(ExportOptions(source=str(folder), out=out, quantize="none", held_count=4))
+        manifest = Manifest.read(out)
+        manifest.verify(out)
+        io = manifest.io_as(DecoderIO)
+        assert (io.light_tokenizer == LIGHT_TOKENIZER_NAME) is agrees
+        assert (LIGHT_TOKENIZER_NAME in manifest.files) is agrees
+        assert (out / LIGHT_TOKENIZER_NAME).exists() is agrees
+        assert ("tokenizer.json alone" in caplog.text) is not agrees
+        tok = load_tokenizer(out, io)
+        assert isinstance(tok, SentencePieceTokenizer if agrees else JsonTokenizer)
+        caplog.clear()
