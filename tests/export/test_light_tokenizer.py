@@ -280,7 +280,7 @@ def _tiny_folder(out: Path, built: tuple[Path, Path] | None) -> Path:
     from build_tiny_decoder import build
 
     sys.path.pop(0)
-    folder = build(out)
+    folder = Path(build(out))
     if built is not None:
         shutil.copy(built[0], folder / "tokenizer.json")
         tokens = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}
