@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from edgeinfer.config import RuntimeConfig
+from edgeinfer.errors import PackageError
 from edgeinfer.export.data.text import builtin_text
 from edgeinfer.export.decoder.light_tokenizer import (
     LIGHT_TOKENIZER_NAME,
@@ -194,6 +195,13 @@ def test_export_refuses_a_light_tokenizer_that_disagrees(
     assert "tokenizer.json alone" in caplog.text
     assert write_light_tokenizer(built[1].read_bytes(), out, reference=built[0], texts=TEXTS)
     assert out.read_bytes() == built[1].read_bytes()
+
+
+def test_an_unreadable_light_tokenizer_is_a_package_error(tmp_path: Path) -> None:
+    bad = tmp_path / LIGHT_TOKENIZER_NAME
+    bad.write_bytes(b"not a model")
+    with pytest.raises(PackageError, match="re-export"):
+        SentencePieceTokenizer(bad)
 
 
 def test_a_decoder_io_without_a_light_tokenizer_still_loads() -> None:
