@@ -82,9 +82,10 @@ def check_member_name(name: object) -> str:
 
 
 def _named_files(io: Any, early_exit: Any) -> list[object]:
-    """Every file name the manifest points at besides ``files``: graph, tokenizer, segments."""
+    """Every file name the manifest points at besides ``files``: graph, tokenizers, segments."""
     io = io if isinstance(io, dict) else {}
-    names = [io[key] for key in ("graph", "tokenizer") if io.get(key) is not None]
+    keys = ("graph", "tokenizer", "light_tokenizer")
+    names = [io[key] for key in keys if io.get(key) is not None]
     names += io.get("graphs") if isinstance(io.get("graphs"), list) else []
     segments = early_exit.get("segments") if isinstance(early_exit, dict) else None
     for segment in segments if isinstance(segments, list) else []:

@@ -209,6 +209,9 @@ class DecoderIO:
     # The int64 input [1] that turns attention's extra row off (0) for batched one-token steps
     # of several sequences; None: a graph that decodes one sequence at a time.
     extra_row_input: str | None = None
+    # A SentencePiece model giving the same ids as ``tokenizer`` (a few MB where a large
+    # vocabulary's tokenizer.json costs hundreds); None: tokenizer.json only.
+    light_tokenizer: str | None = None
 
 
 @dataclass(frozen=True)

@@ -95,18 +95,17 @@ def bytes_per_token(graph: Path) -> int:
 def prompt_ids(package: Path, messages: Sequence[Mapping[str, str]] = PROMPT) -> list[int]:
     """A bench prompt as the package encodes it: ``messages`` through its chat template, or
     the last message's text (with BOS when its tokenizer adds one) when it has none."""
-    from tokenizers import Tokenizer
-
     from edgeinfer.runtime.generate.chat import render_chat
+    from edgeinfer.runtime.generate.lm_tokenizer import load_tokenizer
 
     manifest = Manifest.read(package)
     io = manifest.io_as(DecoderIO)
-    tok = Tokenizer.from_file(str(package / io.tokenizer))
+    tok = load_tokenizer(package, io)
     chat = io.chat_format
     text = render_chat(chat, messages) if chat else messages[-1]["content"]
     bos = manifest.tokens.get("bos")
     head = [int(bos)] if not chat and io.add_bos_token and bos is not None else []
-    return head + list(tok.encode(text, add_special_tokens=False).ids)
+    return head + tok.encode(text)
 
 
 def _summary(

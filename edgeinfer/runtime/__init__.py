@@ -1,4 +1,5 @@
-"""The on-device runtime: stdlib, numpy, onnxruntime and tokenizers only (never torch/onnx)."""
+"""The on-device runtime: stdlib, numpy, onnxruntime and tokenizers only (never torch/onnx);
+sentencepiece, optional, for a decoder package's light tokenizer."""
 
 from edgeinfer.runtime.early_exit import ExitPolicy
 from edgeinfer.runtime.generate.streaming import GenerationResult, TextChunk

@@ -21,10 +21,13 @@ from edgeinfer.export.builder import Builder
 from edgeinfer.export.context import Candidate, Quality
 from edgeinfer.export.data.text import builtin_text, read_text_file
 from edgeinfer.export.decoder import lm
+from edgeinfer.export.decoder.chat_template import PROBES
 from edgeinfer.export.decoder.graph import DecoderGeometry, build_graph
+from edgeinfer.export.decoder.light_tokenizer import LIGHT_TOKENIZER_NAME, write_light_tokenizer
 from edgeinfer.export.decoder.variants import DEFAULT_VARIANTS, GATES, VARIANTS
 from edgeinfer.export.options import DecoderOptions
 from edgeinfer.package_io import DecoderIO
+from edgeinfer.runtime.generate.chat import render_chat
 
 __all__ = ["GATE_MAX_PPL_INCREASE", "GATE_MIN_AGREEMENT", "DecoderBuilder"]
 
@@ -39,6 +42,7 @@ SPEED_TOKENS = 16  # decode steps timed per variant and round
 SPEED_ROUNDS = 5  # interleaved rounds: the median of 5 resists a busy machine's bursts
 SPEED_TIE = 0.95  # variants decoding within 5 % of the fastest count as equally fast
 PROBE_TOKENS = 8  # decode steps per unit of the speed guard
+LIGHT_CHECK_TEXTS = 32  # calibration texts the light tokenizer must also agree on (~30 ms)
 PARITY = lm.PARITY_MAX_ABS_LOGIT
 HALF_KV_PARITY = 0.25
 
@@ -130,7 +134,9 @@ class DecoderBuilder(Builder):
             fp32_files = package.externalize(raw_graph, work / "variants" / "fp32")
             fp32_graph = fp32_files[package.GRAPH_NAME]
             self.tok_info = lm.prepare_decoder_tokenizer(source, self.tokenizer)
-        self.held = self._held_ids()
+        texts = self._held_texts()
+        self.held = self._held_ids(texts)
+        self.light = self._light_tokenizer(texts)
         self.io = self._io(fp32_graph, geo, context)
         fp32 = self._candidate("fp32", fp32_files, {"mode": "none"})
         with run.stage("parity"):
@@ -170,15 +176,15 @@ class DecoderBuilder(Builder):
         with run.stage("measure"):
             self._measure_all()
 
-    def _held_ids(self) -> list[list[int]]:
+    def _held_texts(self) -> list[str]:
+        opts = self.run.options
+        if opts.eval_data:
+            return read_text_file(opts.eval_data)
+        return builtin_text("held", min(opts.held_count, MAX_HELD_TEXTS))
+
+    def _held_ids(self, texts: list[str]) -> list[list[int]]:
         from tokenizers import Tokenizer
 
-        opts = self.run.options
-        texts = (
-            read_text_file(opts.eval_data)
-            if opts.eval_data
-            else builtin_text("held", min(opts.held_count, MAX_HELD_TEXTS))
-        )
         tok = Tokenizer.from_file(str(self.tokenizer))
         info = self.tok_info
         bos = [info["tokens"]["bos"]] if info["add_bos_token"] else []  # as transformers
@@ -187,6 +193,22 @@ class DecoderBuilder(Builder):
             for ids in (tok.encode(t, add_special_tokens=False).ids for t in texts)
         ]
         return [ids for ids in held if len(ids) > 1]
+
+    def _light_tokenizer(self, held: list[str]) -> Path | None:
+        """The package's SentencePiece model when the source has one that tokenizes the
+        export's texts (held, calibration, the chat probes rendered) as tokenizer.json."""
+        model = self.tok_info["sentencepiece"]
+        if model is None:
+            return None
+        chat = self.tok_info["chat_format"]
+        texts = [
+            *held,
+            *builtin_text("calibration", LIGHT_CHECK_TEXTS),
+            *(render_chat(chat, messages) for messages in PROBES if chat),
+        ]
+        path = self.run.work / LIGHT_TOKENIZER_NAME
+        shipped = write_light_tokenizer(model, path, reference=self.tokenizer, texts=texts)
+        return path if shipped else None
 
     def _io(self, graph: Path, geo: DecoderGeometry, context: int) -> DecoderIO:
         inputs, outputs = package.read_io(graph)
@@ -214,6 +236,7 @@ class DecoderBuilder(Builder):
             logits_input=fields["logits_input"],
             argmax_output=fields["argmax_output"],
             extra_row_input=fields["extra_row_input"],
+            light_tokenizer=LIGHT_TOKENIZER_NAME if self.light else None,
         )
 
     def _candidate(
@@ -229,12 +252,16 @@ class DecoderBuilder(Builder):
         return Candidate(
             name=name,
             precision=name,
-            files={**files, package.TOKENIZER_NAME: self.tokenizer},
+            files={**files, **self._tokenizer_files()},
             io=self.io,
             quantization=quantization,
             tokens=self.tok_info["tokens"],
             requested=requested,
         )
+
+    def _tokenizer_files(self) -> dict[str, Path]:
+        light = {LIGHT_TOKENIZER_NAME: self.light} if self.light else {}
+        return {package.TOKENIZER_NAME: self.tokenizer, **light}
 
     def _measure_all(self) -> None:
         """Perplexity and agreement (teacher-forced, vs the fp32 graph), size and speed."""
@@ -268,9 +295,8 @@ class DecoderBuilder(Builder):
                     },
                 ),
             )
-            size = sum(
-                f.stat().st_size for n, f in candidate.files.items() if n != package.TOKENIZER_NAME
-            )
+            tokenizers = self._tokenizer_files()
+            size = sum(f.stat().st_size for n, f in candidate.files.items() if n not in tokenizers)
             run.note(name, bytes=size)
         folders = {name: run.stage_candidate(c) for name, c in run.candidates.items()}
         for name, speed in _decode_speeds(folders, self.held[0][:32], run.threads).items():

@@ -22,7 +22,8 @@ _NORMAL, _CONTROL, _USER_DEFINED, _BYTE = 1, 3, 4, 6
 
 def gguf_tokenizer(path: Path) -> tuple[Any, dict[str, Any]]:
     """The tokenizer of the GGUF file ``path`` and its ``bos``/``eos``/``pad`` ids,
-    ``add_bos`` flag and ``chat_template`` (or None)."""
+    ``add_bos`` flag and ``chat_template`` (or None); for a ``llama`` (SentencePiece) file
+    also ``sentencepiece``: the vocabulary ``light_tokenizer.gguf_sentencepiece`` takes."""
     from gguf import GGUFReader
     from tokenizers import AddedToken
 
@@ -48,7 +49,7 @@ def gguf_tokenizer(path: Path) -> tuple[Any, dict[str, Any]]:
         ]
     )
     add_bos = value("tokenizer.ggml.add_bos_token")
-    return tok, {
+    meta = {
         "bos": value("tokenizer.ggml.bos_token_id"),
         "eos": value("tokenizer.ggml.eos_token_id"),
         "pad": value("tokenizer.ggml.padding_token_id"),
@@ -56,6 +57,18 @@ def gguf_tokenizer(path: Path) -> tuple[Any, dict[str, Any]]:
         "add_bos": bool(add_bos) if add_bos is not None else kind == "llama",
         "chat_template": value("tokenizer.chat_template"),
     }
+    if kind == "llama":  # what a SentencePiece model of the same vocabulary is made of
+        meta["sentencepiece"] = {
+            "tokens": tokens,
+            "scores": value("tokenizer.ggml.scores"),
+            "types": types,
+            "unk": value("tokenizer.ggml.unknown_token_id"),
+            "bos": meta["bos"],
+            "eos": meta["eos"],
+            "pad": meta["pad"],
+            "add_space_prefix": value("tokenizer.ggml.add_space_prefix"),
+        }
+    return tok, meta
 
 
 def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str | None) -> Any:

@@ -15,6 +15,7 @@ import numpy as np
 from edgeinfer.errors import ConversionError, ParityError
 from edgeinfer.export.decoder.chat_template import chat_format
 from edgeinfer.export.decoder.gguf_tokenizer import gguf_tokenizer
+from edgeinfer.export.decoder.light_tokenizer import LIGHT_TOKENIZER_NAME, gguf_sentencepiece
 from edgeinfer.export.source import Source
 from edgeinfer.package_io import DecoderIO
 
@@ -123,12 +124,18 @@ def _config_eos(source: Source) -> set[int]:
 def prepare_decoder_tokenizer(source: Source, out_path: Path) -> dict[str, Any]:
     """Write the package tokenizer; return ``tokens`` (bos/eos/pad), ``add_bos_token`` (BOS
     before a plain-text prompt), the stop ids and the chat template (jinja source and the
-    runtime's form, checked against transformers' rendering)."""
+    runtime's form, checked against transformers' rendering); and ``sentencepiece``: the
+    serialized SentencePiece model of a SentencePiece-family source (a ``llama`` GGUF's
+    vocabulary, or the folder's own tokenizer.model), None for others."""
+    folder_model = source.path / LIGHT_TOKENIZER_NAME
     if source.gguf_file:
         tok, meta = gguf_tokenizer(source.path / source.gguf_file)
         meta["context"] = _gguf_context(tok, meta)
+        vocab = meta.get("sentencepiece")
+        light = gguf_sentencepiece(vocab) if vocab else None
     else:
         tok, meta = _folder_tokenizer(source)
+        light = folder_model.read_bytes() if folder_model.is_file() else None
     if meta["eos"] is None:
         raise ConversionError(f"{source.name} names no eos token")
     tok.save(str(out_path))
@@ -146,6 +153,7 @@ def prepare_decoder_tokenizer(source: Source, out_path: Path) -> dict[str, Any]:
         "add_bos_token": bool(meta["add_bos"]),
         "stop_token_ids": sorted(stops),
         "chat_template": template,
+        "sentencepiece": light,
         "chat_format": (
             chat_format(template, context=meta["context"], reference=meta.get("reference"))
             if template

@@ -24,7 +24,6 @@ from edgeinfer.errors import (
     ContextLengthExceededError,
     InputError,
     MemoryBudgetError,
-    PackageError,
 )
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import DecoderIO
@@ -34,6 +33,7 @@ from edgeinfer.runtime.generate.chat import Prompt, render_chat
 from edgeinfer.runtime.generate.decoding import Decoder
 from edgeinfer.runtime.generate.engine import Engine
 from edgeinfer.runtime.generate.kvcache import GROWTH_TOKENS
+from edgeinfer.runtime.generate.lm_tokenizer import load_tokenizer
 from edgeinfer.runtime.generate.sequence import Sequence as Request
 from edgeinfer.runtime.generate.streaming import GenerationResult, TextChunk, TextStream
 
@@ -85,18 +85,14 @@ class Generator(Decoder):
         prefix_cache: PrefixCacheConfig | None = None,
         batching: ContinuousBatchConfig | None = None,
     ) -> None:
-        from tokenizers import Tokenizer
-
         if batching is not None and prefix_cache is not None:
             raise ConfigError(
                 "the prefix cache keeps one sequence's keys/values; with continuous batching "
                 "each request prefills its own prompt: load with one of the two"
             )
 
-        try:  # first: its JSON's parse garbage goes back before the weights come in
-            self._tok = Tokenizer.from_file(str(Path(path) / manifest.io_as(DecoderIO).tokenizer))
-        except Exception as exc:  # tokenizers raises a bare Exception on parse errors
-            raise PackageError(f"cannot load the generate package {path}: {exc}") from exc
+        # first: a tokenizer.json's parse garbage goes back before the weights come in
+        self._tok = load_tokenizer(Path(path), manifest.io_as(DecoderIO))
         memory.release_heap()
         super().__init__(path, manifest, config=config, context_length=context_length)
         self.chat_format: dict[str, Any] | None = self.io.chat_format
@@ -166,12 +162,12 @@ class Generator(Decoder):
         text = prompt if isinstance(prompt, str) else self.render_chat(prompt)
         if not text:
             raise InputError("the prompt is empty")
-        ids = list(self._tok.encode(text, add_special_tokens=False).ids)
+        ids = self._tok.encode(text)
         return self._bos + ids if isinstance(prompt, str) else ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` (special tokens dropped)."""
-        return str(self._tok.decode(list(ids)))
+        return self._tok.decode(ids)
 
     # -- the public calls ----------------------------------------------------------------------
 
@@ -271,7 +267,7 @@ class Generator(Decoder):
         text = prefix_store.system_text(self.chat_format, prompt)
         if text is None:
             return []
-        head = list(self._tok.encode(text, add_special_tokens=False).ids)
+        head = self._tok.encode(text)
         return head if list(ids[: len(head)]) == head and len(head) < len(ids) else []
 
     def _request(

@@ -1,8 +1,8 @@
 """What a generation streams and returns, and the text side of the per-token path: token ids
 in, text chunks out. Text is sent only once no stop string can still begin in it.
 
-Per token: one incremental detokenizer step (tokens' ``DecodeStream``: the new characters, none
-while a multi-byte character is incomplete) and a stop-string check over the few characters
+Per token: one incremental detokenizer step (``LMTokenizer.decode_step``: the new characters,
+none while a multi-byte character is incomplete) and a stop-string check over the few characters
 not sent yet. The text of the whole answer is never rebuilt while streaming.
 """
 
@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 if TYPE_CHECKING:
     from edgeinfer.config import SamplingConfig
+    from edgeinfer.runtime.generate.lm_tokenizer import LMTokenizer
 
 __all__ = [
     "FinishReason",
@@ -118,17 +119,14 @@ class TextStream:
     """Turn generated token ids into ``TextChunk``s, cut at the first stop string.
 
     Args:
-        tokenizer: the package's ``tokenizers.Tokenizer``.
+        tokenizer: the package's tokenizer (``lm_tokenizer.LMTokenizer``).
         stops: the stop strings (empty strings ignored).
         live: detokenize as tokens come; False (a whole answer without stop strings) keeps the
             ids only and sends the text at ``finish``.
     """
 
-    def __init__(self, tokenizer: Any, stops: Sequence[str], *, live: bool = True) -> None:
-        from tokenizers.decoders import DecodeStream
-
-        self._tok = tokenizer
-        self._step = DecodeStream(skip_special_tokens=True).step
+    def __init__(self, tokenizer: LMTokenizer, stops: Sequence[str], *, live: bool = True) -> None:
+        self._step = tokenizer.decode_step()
         self.stops = [s for s in stops if s]
         self.live = live or bool(self.stops)
         self.ids: list[int] = []
@@ -143,7 +141,7 @@ class TextStream:
         self._pending += 1
         if not self.live:
             return None
-        piece = self._step(self._tok, token)
+        piece = self._step(token)
         if piece is None:  # an incomplete character
             return None
         if not self.stops:
