@@ -254,12 +254,11 @@ def measure_serving(
     Call it in a fresh process (``measure_serving_in_subprocess``): memory that the process
     already holds counts as the package's.
     """
-    import tokenizers
-
     from edgeinfer.config import RuntimeConfig, default_cache_dir
     from edgeinfer.manifest import Manifest
     from edgeinfer.package_io import DecoderIO
     from edgeinfer.runtime import load, memory
+    from edgeinfer.runtime.generate.lm_tokenizer import JsonTokenizer, load_tokenizer
 
     folder = Path(package)
     libraries = memory_usage()
@@ -267,7 +266,9 @@ def measure_serving(
     tokenizer_file = getattr(manifest.io, "tokenizer", None)
     tokenizer = 0
     if tokenizer_file:  # loaded alone first: what it holds, the model's own copy aside
-        loaded = tokenizers.Tokenizer.from_file(str(folder / tokenizer_file))
+        io = manifest.io  # a decoder's light tokenizer where it ships one
+        path = folder / tokenizer_file
+        loaded = load_tokenizer(folder, io) if isinstance(io, DecoderIO) else JsonTokenizer(path)
         memory.release_heap()
         tokenizer = max(0, memory_usage().anonymous_bytes - libraries.anonymous_bytes)
         del loaded
@@ -278,9 +279,9 @@ def measure_serving(
     kv_tokens = kv_per_token = 0
     if model.task == "generate":
         result = model.generate(SAMPLE_PROMPT, max_new_tokens=SAMPLE_NEW_TOKENS)
-        io = manifest.io_as(DecoderIO)
-        itemsize = 2 if io.kv_dtype == "float16" else 4
-        kv_per_token = 2 * io.num_layers * io.num_kv_heads * io.head_dim * itemsize
+        lm = manifest.io_as(DecoderIO)
+        itemsize = 2 if lm.kv_dtype == "float16" else 4
+        kv_per_token = 2 * lm.num_layers * lm.num_kv_heads * lm.head_dim * itemsize
         kv_tokens = result.prompt_tokens + len(result.token_ids)
     elif model.task == "classify":
         model.classify(list(SAMPLE_TEXTS))
