@@ -46,6 +46,7 @@ __all__ = [
 _ROOT = Path("/sys/fs/cgroup")
 STEP_BYTES = 10 * 2**20  # the issue's steps: a board's memory is known to about this
 MIN_FRACTION = 0.9  # "still serving": at least 90 % of the unconstrained decode rate
+FREE_RUNS = 3  # unconstrained runs whose median rate is the reference
 RUNS = 3  # requests per process, the median rate kept: one run is at the mercy of a neighbour
 
 
@@ -77,7 +78,8 @@ class LimitedRun:
 class SweepResult:
     """The smallest limit (a multiple of ``step_bytes``) at which an engine still decodes at
     ``min_fraction`` of its unconstrained rate; ``smallest_bytes`` is None when even the first
-    limit tried was too small. ``runs`` holds every run, the unconstrained one first."""
+    limit tried was too small. ``runs`` holds every run, the unconstrained ones first (their
+    median rate is ``unconstrained_tokens_per_s``)."""
 
     engine: str
     smallest_bytes: int | None
@@ -267,25 +269,29 @@ def smallest_limit(
         )
 
     started = time.monotonic()
-    free = run(None)
-    if free.decode_tokens_per_s is None:
-        raise EdgeInferError(f"{path} did not decode without a limit: {free.error}")
-    # A run that takes 4x as long as the free one (plus a load's slack) is not at 90 % speed:
+    # The reference is the median of three unconstrained runs: one fast outlier (a quiet
+    # second on a shared machine) would fail every limit below it.
+    free_runs = [run(None) for _ in range(FREE_RUNS)]
+    rates = sorted(r.decode_tokens_per_s for r in free_runs if r.decode_tokens_per_s is not None)
+    if len(rates) < FREE_RUNS:
+        failed = next(r for r in free_runs if r.decode_tokens_per_s is None)
+        raise EdgeInferError(f"{path} did not decode without a limit: {failed.error}")
+    unconstrained = rates[FREE_RUNS // 2]
+    # A run that takes 4x as long as a free one (plus a load's slack) is not at 90 % speed:
     # stopped there instead of thrashing for minutes at a limit far below the working set.
-    timeout_s = 4 * (time.monotonic() - started) + 30
-    runs = [free]
-    unconstrained = free.decode_tokens_per_s
+    timeout_s = 4 * (time.monotonic() - started) / FREE_RUNS + 30
+    runs = list(free_runs)
 
     def serves(steps: int) -> bool:
         runs.append(run(steps * step_bytes))
         rate = runs[-1].decode_tokens_per_s
         return rate is not None and rate >= min_fraction * unconstrained
 
-    top = -(-free.peak_rss_bytes // step_bytes)  # the peak, in steps
+    top = -(-max(r.peak_rss_bytes for r in free_runs) // step_bytes)  # the peak, in steps
     passing = smallest_passing(serves, top)
     smallest = None if passing is None else passing * step_bytes
     engine = f"{path} (file-backed prepacks)" if prepack_cache_dir is not None else str(path)
-    return SweepResult(engine, smallest, free.decode_tokens_per_s, tuple(runs))
+    return SweepResult(engine, smallest, unconstrained, tuple(runs))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -336,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             + ", ".join(
                 f"{r.limit_bytes / 2**20:.0f} MiB "
                 + ("OOM-killed" if r.oom_killed else f"{r.decode_tokens_per_s or 0:.1f} tok/s")
-                for r in f.runs[1:]
+                for r in f.runs
                 if r.limit_bytes is not None
             )
             + "\n"
