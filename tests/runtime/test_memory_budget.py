@@ -22,14 +22,20 @@ from edgeinfer.runtime import memory
 
 def _budgeted(package: Path, room_bytes: int, **options: object) -> edgeinfer.Model:
     """The package loaded with a budget of what it holds after loading plus ``room_bytes``
-    (a first load tells what loading takes)."""
+    (a first load tells what loading adds: measured from this worker's own anonymous memory
+    before each load, which earlier tests' garbage, freed in between, moves by ~100 MiB)."""
+
+    def settled() -> int:
+        gc.collect()
+        memory.release_heap()
+        return memory.anonymous_bytes()
+
+    before = settled()
     probe = edgeinfer.load(package, config=edgeinfer.RuntimeConfig(threads=1, warmup_runs=0))
-    held = memory.anonymous_bytes()
+    loading = memory.anonymous_bytes() - before
     probe.close()
     del probe  # its sessions go before the budgeted model loads
-    gc.collect()
-    memory.release_heap()
-    budget = held + 8 * 2**20 + room_bytes  # the generator keeps 8 MiB for serving
+    budget = settled() + loading + 8 * 2**20 + room_bytes  # the generator keeps 8 MiB
     config = edgeinfer.RuntimeConfig(threads=1, warmup_runs=0, memory_budget_bytes=budget)
     return edgeinfer.load(package, config=config, **options)
 
