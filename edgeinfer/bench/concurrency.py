@@ -15,7 +15,8 @@ Both engines are clocked the same way, by the Python thread that consumes each s
 - steady aggregate tokens/s: the same while all C streams decode (the window from the last
   stream's first token to the first stream's last: no prefill of a newcomer in it), the figure
   continuous batching reaches once a gateway is busy; with its own ``steady_scaling`` and the
-  inter-token p50 of the gaps inside that window.
+  inter-token p50 of the gaps inside that window (None when no round has a token land inside
+  it: too few tokens for the window to hold a gap).
 - per-stream decode tokens/s: ``tokens`` over that stream's first-to-last token time; median
   over streams and rounds. Inter-token p50/p99: every gap between a stream's consecutive
   tokens, pooled over streams and rounds. TTFT: submission to first token, p50 and max.
@@ -93,8 +94,9 @@ def _level(runs: list[list[dict[str, Any]]], solo: list[Any]) -> dict[str, Any]:
         low = max(st["arrivals_s"][0] for st in streams)
         high = min(st["arrivals_s"][-1] for st in streams)
         inside = [np.array([t for t in st["arrivals_s"] if low <= t <= high]) for st in streams]
-        if high > low:
-            steady.append(sum(len(t) - 1 for t in inside) / (high - low))
+        within = sum(max(len(t) - 1, 0) for t in inside)  # tokens whose gap lies inside
+        if high > low and within:  # else too short a window to measure (a rate of 0 is not)
+            steady.append(within / (high - low))
             steady_gaps.extend(g for t in inside for g in np.diff(t) * 1e3)
     return {
         "aggregate_tokens_per_s": round(float(np.median(aggregate)), 1),
