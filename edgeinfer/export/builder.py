@@ -15,9 +15,7 @@ from typing import Any, ClassVar
 
 from edgeinfer.errors import ConfigError
 from edgeinfer.export import package
-from edgeinfer.export.context import Candidate, ExportContext, Quality
-from edgeinfer.export.gates.verdict import Verdict
-from edgeinfer.export.passes.validate import Accuracy
+from edgeinfer.export.context import Candidate, ExportContext
 from edgeinfer.package_io import PackageIO
 
 __all__ = ["Builder", "GraphBuilder"]
@@ -113,19 +111,3 @@ class GraphBuilder(Builder):
             extra=dict(self.extra),
             requested=requested,
         )
-
-    def gate(
-        self, candidate: Candidate, accuracy: Accuracy | Verdict, summary: str, **details: Any
-    ) -> None:
-        """Record ``candidate``'s quality: ``accuracy`` (one metric, or a verdict per output)
-        against the run's budget, with ``summary`` for messages and ``details`` beside the
-        accuracy's in the report."""
-        loss = self.run.max_accuracy_loss
-        quality = Quality(
-            metric=accuracy.metric,
-            passed=accuracy.passes(loss),
-            score=accuracy.mean,
-            summary=summary,
-            details={**accuracy.to_dict(loss), **details},
-        )
-        self.run.measured(candidate, quality)

@@ -20,6 +20,7 @@ from edgeinfer import __version__
 from edgeinfer.config import QuantConfig
 from edgeinfer.errors import ConfigError
 from edgeinfer.export import package
+from edgeinfer.export.gates.verdict import Verdict
 from edgeinfer.export.options import ExportOptions
 from edgeinfer.export.source import Source
 from edgeinfer.package_io import PackageIO
@@ -230,8 +231,21 @@ class ExportContext:
         """Add measurements of variant ``name`` to the report."""
         self.report.variants.setdefault(name, {}).update(details)
 
-    def measured(self, candidate: Candidate, quality: Quality) -> Quality:
-        """Record ``candidate``'s quality (on it and in the report) and return it."""
+    def measured(
+        self, candidate: Candidate, verdict: Verdict, summary: str, **details: Any
+    ) -> Quality:
+        """Judge ``candidate`` by ``verdict`` against the run's budget — the one place a
+        gate's verdict becomes a ``Quality`` — with ``summary`` for messages and ``details``
+        beside the verdict's in the report; record it (on the candidate and in the report)
+        and return it."""
+        loss = self.max_accuracy_loss
+        quality = Quality(
+            metric=verdict.metric,
+            passed=verdict.passes(loss),
+            score=verdict.mean,
+            summary=summary,
+            details={**verdict.to_dict(loss), **details},
+        )
         candidate.quality = quality
         self.note(candidate.name, accuracy=quality.to_dict())
         return quality

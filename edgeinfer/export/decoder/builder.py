@@ -18,13 +18,14 @@ from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import ConfigError
 from edgeinfer.export import package
 from edgeinfer.export.builder import Builder
-from edgeinfer.export.context import Candidate, Quality
+from edgeinfer.export.context import Candidate
 from edgeinfer.export.data.text import builtin_text, read_text_file
 from edgeinfer.export.decoder import lm
 from edgeinfer.export.decoder.chat_template import PROBES
 from edgeinfer.export.decoder.graph import DecoderGeometry, build_graph
 from edgeinfer.export.decoder.light_tokenizer import LIGHT_TOKENIZER_NAME, write_light_tokenizer
 from edgeinfer.export.decoder.variants import DEFAULT_VARIANTS, GATES, VARIANTS
+from edgeinfer.export.gates.language import LMQuality, next_token
 from edgeinfer.export.options import DecoderOptions
 from edgeinfer.package_io import DecoderIO
 from edgeinfer.runtime.generate.chat import render_chat
@@ -267,7 +268,7 @@ class DecoderBuilder(Builder):
         """Perplexity and agreement (teacher-forced, vs the fp32 graph), size and speed."""
         run = self.run
         reference: list[np.ndarray] | None = None
-        self.qualities: dict[str, lm.LMQuality] = {}
+        self.qualities: dict[str, LMQuality] = {}
         for name, candidate in run.candidates.items():
             graph = candidate.files[package.GRAPH_NAME]
             session = _session(graph, run.threads)
@@ -275,25 +276,18 @@ class DecoderBuilder(Builder):
             reference = reference or argmax
             self.qualities[name] = quality
             fp32, gate = self.qualities["fp32"], _gate(name)
-            passed = quality.passes(
-                fp32, max_ppl_increase=gate.max_ppl_increase, min_agreement=gate.min_agreement
+            verdict = next_token(
+                quality,
+                fp32,
+                max_ppl_increase=gate.max_ppl_increase,
+                min_agreement=gate.min_agreement,
             )
             run.measured(
                 candidate,
-                Quality(
-                    metric="next_token_agreement",
-                    passed=passed,
-                    score=quality.agreement,
-                    summary=(
-                        f"{name}: perplexity {quality.perplexity:.4f} (fp32 "
-                        f"{fp32.perplexity:.4f}), next-token agreement {quality.agreement:.4f}"
-                    ),
-                    details={
-                        "mean": round(quality.agreement, 6),
-                        "min": round(quality.min_agreement, 6),
-                        "perplexity": round(quality.perplexity, 4),
-                    },
-                ),
+                verdict,
+                f"{name}: perplexity {quality.perplexity:.4f} (fp32 {fp32.perplexity:.4f}), "
+                f"next-token agreement {quality.agreement:.4f}",
+                perplexity=round(quality.perplexity, 4),
             )
             tokenizers = self._tokenizer_files()
             size = sum(f.stat().st_size for n, f in candidate.files.items() if n not in tokenizers)

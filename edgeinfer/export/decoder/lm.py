@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +15,11 @@ from edgeinfer.errors import ConversionError, ParityError
 from edgeinfer.export.decoder.chat_template import chat_format
 from edgeinfer.export.decoder.gguf_tokenizer import gguf_tokenizer
 from edgeinfer.export.decoder.light_tokenizer import LIGHT_TOKENIZER_NAME, gguf_sentencepiece
+from edgeinfer.export.gates.language import LMQuality
 from edgeinfer.export.source import Source
 from edgeinfer.package_io import DecoderIO
 
 __all__ = [
-    "LMQuality",
     "full_logits",
     "load_decoder",
     "parity",
@@ -211,28 +210,6 @@ def parity(
             f"{PARITY_MIN_AGREEMENT}); this is an exporter bug"
         )
     return result
-
-
-@dataclass(frozen=True)
-class LMQuality:
-    """A variant's quality on held text, teacher-forced.
-
-    ``perplexity`` is exp(mean next-token NLL); ``agreement`` the share of positions whose
-    argmax equals the fp32 graph's argmax (1.0 for fp32 itself).
-    """
-
-    perplexity: float
-    agreement: float
-    tokens: int
-    min_agreement: float = 1.0  # the lowest agreement of one held text
-
-    def passes(self, fp32: LMQuality, *, max_ppl_increase: float, min_agreement: float) -> bool:
-        """The gate: perplexity within ``max_ppl_increase`` (fraction) of fp32 and agreement
-        at least ``min_agreement``."""
-        return (
-            self.perplexity <= fp32.perplexity * (1.0 + max_ppl_increase)
-            and self.agreement >= min_agreement
-        )
 
 
 def quality(

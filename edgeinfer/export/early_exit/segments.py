@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.export.builder import Builder
-from edgeinfer.export.context import Candidate, Quality
+from edgeinfer.export.context import Candidate
+from edgeinfer.export.gates.verdict import OutputScore, Verdict
 from edgeinfer.export.options import EarlyExitOptions
 from edgeinfer.package_io import ExitSegmentsIO
 from edgeinfer.runtime.early_exit import EXIT_POLICIES
@@ -80,20 +81,22 @@ class SegmentsBuilder(Builder):
             traces = {name: self.trace(c) for name, c in run.candidates.items()}
             full = {name: t.accuracy_at(NEVER_EXIT) for name, t in traces.items()}
             for name, candidate in run.candidates.items():
-                passed = name == "fp32" or full[name] >= full["fp32"] - loss
                 run.note(name, full_accuracy=full[name])
+                score = OutputScore(
+                    output="segments",
+                    metric="accuracy",
+                    reason="early-exit segments: validation accuracy at full depth, vs fp32's",
+                    value=full[name],
+                    count=len(traces[name].labels),
+                    parity=full[name] >= full["fp32"],
+                    floor=full["fp32"] - loss,
+                    details={"fp32": full["fp32"]},
+                )
                 run.measured(
                     candidate,
-                    Quality(
-                        metric="accuracy",
-                        passed=passed,
-                        score=full[name],
-                        summary=(
-                            f"{name} segments reach {full[name]:.4f} validation accuracy at full "
-                            f"depth (fp32 {full['fp32']:.4f})"
-                        ),
-                        details={"mean": full[name], "fp32": full["fp32"]},
-                    ),
+                    Verdict((score,), metric="accuracy"),
+                    f"{name} segments reach {full[name]:.4f} validation accuracy at full "
+                    f"depth (fp32 {full['fp32']:.4f})",
                 )
                 candidate.early_exit = {
                     **(candidate.early_exit or {}),

@@ -13,6 +13,7 @@ for the report only.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from edgeinfer.export.data.domains import HELD_OUT, technical_text
 from edgeinfer.export.data.text import builtin_text, read_text_file, text_feeds
 from edgeinfer.export.encoder.students import pareto
 from edgeinfer.export.encoder.students.shrink import Student, train_students
+from edgeinfer.export.gates.verdict import OutputScore, Verdict
 from edgeinfer.export.labels import default_labels
 from edgeinfer.export.options import ShrinkOptions
 from edgeinfer.export.passes import convert, optimize, quantize, validate
@@ -179,7 +181,7 @@ class EncoderBuilder(GraphBuilder):
 
     def _evaluate(
         self, candidate: Candidate, reference: np.ndarray, texts: list[str] | None = None
-    ) -> validate.Accuracy:
+    ) -> Verdict:
         """The candidate's outputs on ``texts`` (the held text by default), through the
         runtime, against ``reference`` (PyTorch's outputs on the same text)."""
         folder = self.run.stage_candidate(candidate)
@@ -194,7 +196,7 @@ class EncoderBuilder(GraphBuilder):
             f"{accuracy.min:.4f} vs PyTorch fp32"
         )
         if not self.off:
-            self.gate(candidate, accuracy, summary)
+            self.run.measured(candidate, accuracy, summary)
             return
         loss = self.run.max_accuracy_loss
         off = {
@@ -207,9 +209,12 @@ class EncoderBuilder(GraphBuilder):
         )
         report = off["off_domain_report"].to_dict(loss)
         del report["passed"]  # measured for the report: nothing is chosen on it
-        self.gate(
+        self.run.measured(
             candidate,
-            _worse(accuracy, gated),
+            Verdict(
+                (*_renamed(accuracy, "in_domain"), *_renamed(gated, "off_domain")),
+                metric=accuracy.metric,
+            ),
             summary,
             in_domain=accuracy.to_dict(loss),
             off_domain={**gated.to_dict(loss), "data": f"builtin:{HELD_OUT}-choice"},
@@ -243,11 +248,7 @@ class EncoderBuilder(GraphBuilder):
         return list(self.held[:3])
 
 
-def _worse(first: validate.Accuracy, second: validate.Accuracy) -> validate.Accuracy:
-    """One accuracy that passes only when both do: the lower mean and the lower min."""
-    return validate.Accuracy(
-        metric=first.metric,
-        mean=min(first.mean, second.mean),
-        min=min(first.min, second.min),
-        count=first.count + second.count,
-    )
+def _renamed(verdict: Verdict, output: str) -> tuple[OutputScore, ...]:
+    """``verdict``'s scores under another output name (the off-domain texts' beside the
+    held texts': the gate passes only when both do)."""
+    return tuple(dataclasses.replace(score, output=output) for score in verdict.scores)

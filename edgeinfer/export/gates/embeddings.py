@@ -7,10 +7,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgeinfer.export.gates.verdict import OutputScore, Sample
-from edgeinfer.export.passes.validate import PARITY_MIN_COSINE
+from edgeinfer.export.gates.verdict import PARITY_MIN_COSINE, OutputScore, Sample, Verdict
 
-__all__ = ["cosines", "embeddings"]
+__all__ = ["cosines", "embedding_cosine", "embeddings"]
 
 
 def _pooled(values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
@@ -52,3 +51,19 @@ def embeddings(
         parity=float(cos.min()) >= PARITY_MIN_COSINE,
         details={"items": len(cos), **({"mask": mask} if mask else {})},
     )
+
+
+def embedding_cosine(reference: np.ndarray, candidate: np.ndarray) -> Verdict:
+    """Cosine of each held text's embedding [N, D] to the reference's: the mean gates, the
+    hardest text may fall ``MIN_SLACK`` times further."""
+    cos = cosines(reference.astype(np.float64), candidate.astype(np.float64))  # [N]
+    score = OutputScore(
+        output="embedding",
+        metric="cosine",
+        reason="sentence embeddings: cosine per held text",
+        value=float(cos.mean()),
+        worst=float(cos.min()),
+        count=len(cos),
+        parity=float(cos.min()) >= PARITY_MIN_COSINE,
+    )
+    return Verdict((score,), metric="cosine")

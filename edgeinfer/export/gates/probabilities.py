@@ -8,10 +8,19 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgeinfer.export.gates.verdict import OutputScore, Sample
-from edgeinfer.export.passes.validate import DECIDED_MARGIN, PARITY_MAX_PROB_DIFF
+from edgeinfer.export.gates.verdict import PARITY_MAX_PROB_DIFF, OutputScore, Sample, Verdict
 
-__all__ = ["looks_like_probabilities", "probabilities"]
+__all__ = [
+    "DECIDED_MARGIN",
+    "label_agreement",
+    "looks_like_probabilities",
+    "probabilities",
+    "top1_agreement",
+]
+
+# Agreement counts rows where fp32's top-1 probability leads the runner-up by >= 0.1: on a
+# near-tie any rounding flips the answer, and agreement there measures noise, not the model.
+DECIDED_MARGIN = 0.1
 
 # How far from 1 a row may sum and still be probabilities (float32 softmax of many classes).
 _SUM_TOLERANCE = 1e-3
@@ -49,3 +58,40 @@ def probabilities(output: str, reason: str, samples: Sequence[Sample]) -> Output
             "max_abs_error": round(max_abs, 6),
         },
     )
+
+
+def top1_agreement(reference: np.ndarray, candidate: np.ndarray) -> tuple[Verdict, float]:
+    """Top-1 agreement of class probabilities [N, C] on the inputs fp32 decides (leads by
+    ``DECIDED_MARGIN``; the gate), and on all inputs (reported beside it)."""
+    ranked = np.sort(reference, axis=1)
+    decided = ranked[:, -1] - ranked[:, -2] >= DECIDED_MARGIN  # [N]
+    agree = (reference.argmax(1) == candidate.argmax(1)).astype(np.float64)
+    value = float(agree[decided].mean()) if decided.any() else 0.0
+    max_diff = float(np.abs(reference - candidate).max())
+    score = OutputScore(
+        output="probabilities",
+        metric="top1_agreement",
+        reason="class probabilities: top-1 label on the views fp32 decides",
+        value=value,
+        count=int(decided.sum()),
+        # with no decided input the probabilities alone show parity
+        parity=(value == 1.0 or not decided.any()) and max_diff <= PARITY_MAX_PROB_DIFF,
+        details={"max_prob_diff": round(max_diff, 6)},
+    )
+    return Verdict((score,), metric="top1_agreement"), float(agree.mean())
+
+
+def label_agreement(reference: np.ndarray, candidate: np.ndarray) -> Verdict:
+    """The share of inputs whose label (argmax of probabilities [N, C]) equals fp32's."""
+    agree = (reference.argmax(1) == candidate.argmax(1)).astype(np.float64)
+    max_diff = float(np.abs(reference - candidate).max())
+    score = OutputScore(
+        output="probabilities",
+        metric="label_agreement",
+        reason="text classifier: the label of every held text",
+        value=float(agree.mean()),
+        count=len(agree),
+        parity=bool(agree.all()) and max_diff <= PARITY_MAX_PROB_DIFF,
+        details={"max_prob_diff": round(max_diff, 6)},
+    )
+    return Verdict((score,), metric="label_agreement")

@@ -9,8 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from edgeinfer.export.gates.embeddings import cosines
-from edgeinfer.export.gates.verdict import OutputScore, Sample
-from edgeinfer.export.passes.validate import PARITY_MIN_COSINE
+from edgeinfer.export.gates.verdict import PARITY_MIN_COSINE, OutputScore, Sample
 
 __all__ = ["state"]
 

@@ -27,7 +27,7 @@ from edgeinfer.export.onnx_file.forms import Form, ImageForm, TextForm
 from edgeinfer.export.onnx_file.raw import RawForm
 from edgeinfer.export.options import OnnxFileOptions
 from edgeinfer.export.passes import ort_compat, quantize
-from edgeinfer.export.passes.validate import Accuracy, load_candidate
+from edgeinfer.export.passes.validate import load_candidate
 from edgeinfer.package_io import PackageIO
 
 __all__ = ["OnnxFileBuilder", "detect_task"]
@@ -211,14 +211,10 @@ class OnnxFileBuilder(GraphBuilder):
         with load_candidate(self.run.stage_candidate(candidate), self.run.threads) as model:
             return self.form.evaluate(model)
 
-    def _measure(self, candidate: Candidate) -> Accuracy | Verdict:
+    def _measure(self, candidate: Candidate) -> Verdict:
         accuracy, details, where = self.form.score(self.reference, self._evaluate(candidate))
-        value = (
-            accuracy.summary(self.run.max_accuracy_loss)
-            if isinstance(accuracy, Verdict)
-            else f"{accuracy.metric} {accuracy.mean:.4f}"
-        )
-        self.gate(
+        value = accuracy.summary(self.run.max_accuracy_loss)
+        self.run.measured(
             candidate, accuracy, f"{candidate.name} {value} vs the fp32 ONNX on {where}", **details
         )
         return accuracy

@@ -22,12 +22,13 @@ from edgeinfer.export.context import ExportContext
 from edgeinfer.export.data.captchas import captcha_views
 from edgeinfer.export.data.photos import ImageSplit, builtin_images, read_images, split_images
 from edgeinfer.export.data.text import builtin_text, read_text_file, split_texts, text_feeds
+from edgeinfer.export.gates.probabilities import top1_agreement
 from edgeinfer.export.gates.verdict import Verdict
 from edgeinfer.export.labels import default_labels, read_labels
 from edgeinfer.export.onnx_file.user_graph import ends_in_softmax
 from edgeinfer.export.options import OnnxFileOptions
 from edgeinfer.export.passes import convert
-from edgeinfer.export.passes.validate import Accuracy, agreement, compare, run_model
+from edgeinfer.export.passes.validate import compare, run_model
 from edgeinfer.export.vision.preprocessing import spec_from_processor, spec_from_table
 from edgeinfer.package_io import (
     ImageClassifierIO,
@@ -118,9 +119,7 @@ class Form(abc.ABC):
         """The candidate's outputs on the held data."""
 
     @abc.abstractmethod
-    def score(
-        self, reference: Any, candidate: Any
-    ) -> tuple[Accuracy | Verdict, dict[str, Any], str]:
+    def score(self, reference: Any, candidate: Any) -> tuple[Verdict, dict[str, Any], str]:
         """The gate's accuracy, the report's extra details, and where it was measured."""
 
     @abc.abstractmethod
@@ -207,8 +206,8 @@ class ImageForm(Form):
     def evaluate(self, model: Model) -> np.ndarray:
         return run_model(model, self.held)
 
-    def score(self, reference: Any, candidate: Any) -> tuple[Accuracy, dict[str, Any], str]:
-        accuracy, all_views = agreement(reference, candidate)
+    def score(self, reference: Any, candidate: Any) -> tuple[Verdict, dict[str, Any], str]:
+        accuracy, all_views = top1_agreement(reference, candidate)
         where = f"{accuracy.count} decided views ({all_views:.4f} on all {len(self.held)})"
         return accuracy, {"all_views": round(all_views, 6), "views": len(self.held)}, where
 
@@ -283,7 +282,7 @@ class TextForm(Form):
     def evaluate(self, model: Model) -> np.ndarray:
         return run_model(model, self.held)
 
-    def score(self, reference: Any, candidate: Any) -> tuple[Accuracy, dict[str, Any], str]:
+    def score(self, reference: Any, candidate: Any) -> tuple[Verdict, dict[str, Any], str]:
         accuracy = compare(self.run.task, reference, candidate)
         return accuracy, {}, f"{accuracy.count} held texts"
 

@@ -7,84 +7,21 @@ gate measures exactly what a device will run, tokenizer and post-processing incl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgeinfer.config import RuntimeConfig
+from edgeinfer.export.gates.embeddings import embedding_cosine
+from edgeinfer.export.gates.probabilities import label_agreement
+from edgeinfer.export.gates.verdict import Verdict
 from edgeinfer.export.passes.reference import TorchReference
 from edgeinfer.export.source import Source
 from edgeinfer.package_io import ExitSegmentsIO, ImageClassifierIO, TextClassifierIO
 from edgeinfer.runtime import Model, load
 
-__all__ = [
-    "DECIDED_MARGIN",
-    "Accuracy",
-    "agreement",
-    "compare",
-    "load_candidate",
-    "qdq_problems",
-    "run_model",
-    "torch_reference",
-]
-
-# fp32 ONNX vs PyTorch differs only by float reassociation: ~1e-6 in cosine, ~1e-5 in probability.
-PARITY_MIN_COSINE = 0.9999
-PARITY_MAX_PROB_DIFF = 1e-3
-# The minimum cosine may fall this many times further than the mean: one hard text must not
-# fail a good model, but a broken one must.
-MIN_COSINE_SLACK = 3.0
-# Image gates count views where fp32's top-1 probability leads the runner-up by >= 0.1: on a
-# near-tie any rounding flips the answer, and agreement there measures noise, not the model.
-DECIDED_MARGIN = 0.1
-
-
-@dataclass(frozen=True)
-class Accuracy:
-    """A candidate's agreement with the reference on held inputs.
-
-    ``metric`` is ``cosine`` (embeddings: ``mean``/``min`` over texts), ``label_agreement``
-    or ``top1_agreement`` (classifiers: ``mean`` is the share of equal labels, ``min`` the
-    same). Raw graphs are judged output by output (``export/gates``).
-    """
-
-    metric: str
-    mean: float
-    min: float
-    count: int
-    max_prob_diff: float | None = None
-
-    def passes(self, max_accuracy_loss: float) -> bool:
-        """Whether the loss stays within ``max_accuracy_loss`` (a fraction, 0.01 = 1 %)."""
-        if self.metric == "cosine":
-            return (
-                self.mean >= 1.0 - max_accuracy_loss
-                and self.min >= 1.0 - MIN_COSINE_SLACK * max_accuracy_loss
-            )
-        return self.mean >= 1.0 - max_accuracy_loss
-
-    def is_parity(self) -> bool:
-        """Whether an fp32 graph reproduces the reference (conversion is lossless)."""
-        if self.metric == "cosine":
-            return self.min >= PARITY_MIN_COSINE
-        # with no decided input (count 0) the probabilities alone show parity
-        decided = self.mean == 1.0 or self.count == 0
-        return decided and (self.max_prob_diff or 0.0) <= PARITY_MAX_PROB_DIFF
-
-    def to_dict(self, max_accuracy_loss: float) -> dict[str, Any]:
-        """JSON-ready, with whether it passes the gate."""
-        out: dict[str, Any] = {
-            "metric": self.metric,
-            "mean": round(self.mean, 6),
-            "min": round(self.min, 6),
-            "count": self.count,
-            "passed": self.passes(max_accuracy_loss),
-        }
-        if self.max_prob_diff is not None:
-            out["max_prob_diff"] = round(self.max_prob_diff, 6)
-        return out
+__all__ = ["compare", "load_candidate", "qdq_problems", "run_model", "torch_reference"]
 
 
 def torch_reference(source: Source, task: str, texts: Sequence[str]) -> np.ndarray:
@@ -106,37 +43,12 @@ def run_model(model: Model, inputs: Sequence[Any] | np.ndarray) -> np.ndarray:
     return model.embed(list(inputs), batch_size=16)
 
 
-def agreement(reference: np.ndarray, candidate: np.ndarray) -> tuple[Accuracy, float]:
-    """Top-1 agreement of probabilities [N, C] on the decided inputs (the gate: fp32 leads by
-    ``DECIDED_MARGIN``) and on all inputs (reported)."""
-    ranked = np.sort(reference, axis=1)
-    decided = ranked[:, -1] - ranked[:, -2] >= DECIDED_MARGIN  # [N]
-    agree = (reference.argmax(1) == candidate.argmax(1)).astype(np.float64)
-    accuracy = Accuracy(
-        metric="top1_agreement",
-        mean=float(agree[decided].mean()) if decided.any() else 0.0,
-        min=float(agree[decided].min()) if decided.any() else 0.0,
-        count=int(decided.sum()),
-        max_prob_diff=float(np.abs(reference - candidate).max()),
-    )
-    return accuracy, float(agree.mean())
-
-
-def compare(task: str, reference: np.ndarray, candidate: np.ndarray) -> Accuracy:
-    """Score ``candidate`` against ``reference`` with the task's metric."""
+def compare(task: str, reference: np.ndarray, candidate: np.ndarray) -> Verdict:
+    """Score ``candidate`` against ``reference`` with the task's metric: label agreement of
+    class probabilities, or the cosine of embeddings."""
     if task == "classify":
-        agree = (reference.argmax(1) == candidate.argmax(1)).astype(np.float64)
-        return Accuracy(
-            metric="label_agreement",
-            mean=float(agree.mean()),
-            min=float(agree.min()),
-            count=len(agree),
-            max_prob_diff=float(np.abs(reference - candidate).max()),
-        )
-    cosines = np.sum(reference * candidate, axis=1)  # both L2-normalized: [N]
-    return Accuracy(
-        metric="cosine", mean=float(cosines.mean()), min=float(cosines.min()), count=len(cosines)
-    )
+        return label_agreement(reference, candidate)
+    return embedding_cosine(reference, candidate)
 
 
 def load_candidate(folder: Path, threads: int | None) -> Model:

@@ -23,16 +23,12 @@ from edgeinfer.export import package
 from edgeinfer.export.builder import GraphBuilder
 from edgeinfer.export.context import Candidate
 from edgeinfer.export.data.photos import builtin_images, read_images, split_images
+from edgeinfer.export.gates.probabilities import DECIDED_MARGIN, top1_agreement
+from edgeinfer.export.gates.verdict import Verdict
 from edgeinfer.export.labels import default_labels, read_labels
 from edgeinfer.export.passes import ort_compat, quantize
 from edgeinfer.export.passes.sensitivity import Tuning, run_outputs
-from edgeinfer.export.passes.validate import (
-    DECIDED_MARGIN,
-    Accuracy,
-    agreement,
-    load_candidate,
-    run_model,
-)
+from edgeinfer.export.passes.validate import load_candidate, run_model
 from edgeinfer.export.vision.preprocessing import spec_from_processor, spec_from_table
 from edgeinfer.package_io import ImageClassifierIO, PackageIO
 from edgeinfer.runtime.tasks import prepare_images
@@ -90,7 +86,8 @@ class VisionBuilder(GraphBuilder):
             if not accuracy.is_parity() or all_views < 1.0:
                 raise ParityError(
                     f"the fp32 ONNX graph does not reproduce {run.source.name} (top-1 agreement "
-                    f"{all_views:.4f}, max probability difference {accuracy.max_prob_diff}); "
+                    f"{all_views:.4f}, max probability difference "
+                    f"{accuracy.scores[0].details['max_prob_diff']}); "
                     "this is an exporter bug, please report it"
                 )
         with run.stage("optimize"):
@@ -212,7 +209,7 @@ class VisionBuilder(GraphBuilder):
             return float(np.mean(np.sum(fp32 * (np.log(fp32 + 1e-12) - np.log(probs + 1e-12)), 1)))
 
         def score(outputs: list[np.ndarray]) -> float:
-            return agreement(fp32, _softmax(np.concatenate(outputs)))[0].mean
+            return top1_agreement(fp32, _softmax(np.concatenate(outputs)))[0].mean
 
         return Tuning(feeds=feeds, loss=kl, score=score, target=bar + (1.0 - bar) / 2)
 
@@ -233,9 +230,9 @@ class VisionBuilder(GraphBuilder):
             return read_labels(recipe.resource(self.spec["labels"]), count=count)
         return default_labels(self.run.source.config, count)
 
-    def _evaluate(self, candidate: Candidate) -> tuple[Accuracy, float]:
+    def _evaluate(self, candidate: Candidate) -> tuple[Verdict, float]:
         with load_candidate(self.run.stage_candidate(candidate), self.run.threads) as model:
-            return agreement(self.reference, run_model(model, self.views))
+            return top1_agreement(self.reference, run_model(model, self.views))
 
     def _measure(self, candidate: Candidate) -> None:
         accuracy, all_views = self._evaluate(candidate)
@@ -243,7 +240,7 @@ class VisionBuilder(GraphBuilder):
             f"{candidate.name} top-1 agreement with PyTorch fp32 {accuracy.mean:.4f} on "
             f"{accuracy.count} decided views ({all_views:.4f} on all {len(self.views)})"
         )
-        self.gate(
+        self.run.measured(
             candidate, accuracy, summary, all_views=round(all_views, 6), views=len(self.views)
         )
 
