@@ -158,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         gguf = next(recipe.locate(work).glob("*.gguf"))
     source = Source(name=gguf.stem, path=gguf.parent, config={}, max_seq_len=0, gguf_file=gguf.name)
     info = prepare_decoder_tokenizer(source, work / "tokenizer.json")
-    (work / LIGHT_TOKENIZER_NAME).write_bytes(info["sentencepiece"])
-    chat = info["chat_format"] or GEMMA_TURNS
+    (work / LIGHT_TOKENIZER_NAME).write_bytes(info.sentencepiece)
+    chat = info.chat_format or GEMMA_TURNS
     conversations = [render_chat(chat, m) for m in PROBES] + [
         render_chat(chat, [{"role": "user", "content": t}]) for t in dialogue_texts()[:100]
     ]

@@ -139,13 +139,13 @@ def test_device_rendering_equals_transformers(
     hf = AutoTokenizer.from_pretrained(str(folder))
     for messages in CONVERSATIONS:
         expected = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        text = render_chat(info["chat_format"], messages)
+        text = render_chat(info.chat_format, messages)
         assert text == expected
         ids = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
         assert tok.encode(text, add_special_tokens=False).ids == list(ids)
-    assert info["add_bos_token"] == TEMPLATES[name][3]
+    assert info.add_bos_token == TEMPLATES[name][3]
     # only the one-pattern-per-message templates go without jinja on the device
-    assert ("jinja" in info["chat_format"]) == (name not in ("chatml", "zephyr"))
+    assert ("jinja" in info.chat_format) == (name not in ("chatml", "zephyr"))
 
 
 def test_bos_template_package_prompts_match_transformers(
@@ -175,4 +175,4 @@ def test_generation_config_end_of_turn_stops_generation(
     eos, end_of_turn = tok.token_to_id("<eos>"), tok.token_to_id("<end_of_turn>")
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, end_of_turn]}))
     info = prepare_decoder_tokenizer(resolve_source(str(folder)), tmp_path / "tokenizer.json")
-    assert {eos, end_of_turn} <= set(info["stop_token_ids"])
+    assert {eos, end_of_turn} <= set(info.stop_token_ids)

@@ -117,8 +117,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     _write_gguf(folder / "tok.gguf")
     source = Source(name="tok", path=folder, config={}, max_seq_len=128, gguf_file="tok.gguf")
     info = prepare_decoder_tokenizer(source, folder / "tokenizer.json")
-    assert isinstance(info["sentencepiece"], bytes)
-    (folder / LIGHT_TOKENIZER_NAME).write_bytes(info["sentencepiece"])
+    assert isinstance(info.sentencepiece, bytes)
+    (folder / LIGHT_TOKENIZER_NAME).write_bytes(info.sentencepiece)
     return folder / "tokenizer.json", folder / LIGHT_TOKENIZER_NAME
 
 

@@ -188,7 +188,7 @@ class DecoderBuilder(Builder):
 
         tok = Tokenizer.from_file(str(self.tokenizer))
         info = self.tok_info
-        bos = [info["tokens"]["bos"]] if info["add_bos_token"] else []  # as transformers
+        bos = [info.tokens["bos"]] if info.add_bos_token and info.tokens["bos"] is not None else []
         held = [
             (bos + ids)[: min(HELD_TOKENS, self.context)]
             for ids in (tok.encode(t, add_special_tokens=False).ids for t in texts)
@@ -198,10 +198,10 @@ class DecoderBuilder(Builder):
     def _light_tokenizer(self, held: list[str]) -> Path | None:
         """The package's SentencePiece model when the source has one that tokenizes the
         export's texts (held, calibration, the chat probes rendered) as tokenizer.json."""
-        model = self.tok_info["sentencepiece"]
+        model = self.tok_info.sentencepiece
         if model is None:
             return None
-        chat = self.tok_info["chat_format"]
+        chat = self.tok_info.chat_format
         texts = [
             *held,
             *builtin_text("calibration", LIGHT_CHECK_TEXTS),
@@ -221,10 +221,10 @@ class DecoderBuilder(Builder):
             outputs=outputs,
             max_seq_len=context,
             source_context_length=self.run.source.max_seq_len,
-            stop_token_ids=tuple(self.tok_info["stop_token_ids"]),
-            chat_format=self.tok_info["chat_format"],
-            chat_template=self.tok_info["chat_template"],
-            add_bos_token=bool(self.tok_info["add_bos_token"]),
+            stop_token_ids=self.tok_info.stop_token_ids,
+            chat_format=self.tok_info.chat_format,
+            chat_template=self.tok_info.chat_template,
+            add_bos_token=self.tok_info.add_bos_token,
             num_layers=fields["num_layers"],
             num_kv_heads=fields["num_kv_heads"],
             head_dim=fields["head_dim"],
@@ -256,7 +256,7 @@ class DecoderBuilder(Builder):
             files={**files, **self._tokenizer_files()},
             io=self.io,
             quantization=quantization,
-            tokens=self.tok_info["tokens"],
+            tokens=dict(self.tok_info.tokens),
             requested=requested,
         )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from edgeinfer.export.source import Source
 from edgeinfer.package_io import DecoderIO
 
 __all__ = [
+    "TokenizerInfo",
     "full_logits",
     "load_decoder",
     "parity",
@@ -120,12 +122,30 @@ def _config_eos(source: Source) -> set[int]:
     return found
 
 
-def prepare_decoder_tokenizer(source: Source, out_path: Path) -> dict[str, Any]:
-    """Write the package tokenizer; return ``tokens`` (bos/eos/pad), ``add_bos_token`` (BOS
-    before a plain-text prompt), the stop ids and the chat template (jinja source and the
-    runtime's form, checked against transformers' rendering); and ``sentencepiece``: the
-    serialized SentencePiece model of a SentencePiece-family source (a ``llama`` GGUF's
-    vocabulary, or the folder's own tokenizer.model), None for others."""
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """What the package's tokenizer says, as the decoder builder writes it into the manifest.
+
+    Attributes:
+        tokens: ``bos`` (None when the model has none), ``eos`` and ``pad`` ids.
+        add_bos_token: whether a plain-text prompt starts with BOS.
+        stop_token_ids: every id that ends a generation, sorted.
+        chat_template: the jinja source, None for a model without one.
+        chat_format: the runtime's form of it (checked against transformers' rendering).
+        sentencepiece: the serialized SentencePiece model of a SentencePiece-family source
+            (a ``llama`` GGUF's vocabulary, or the folder's own tokenizer.model), else None.
+    """
+
+    tokens: dict[str, int | None]
+    add_bos_token: bool
+    stop_token_ids: tuple[int, ...]
+    chat_template: str | None
+    chat_format: dict[str, Any] | None
+    sentencepiece: bytes | None
+
+
+def prepare_decoder_tokenizer(source: Source, out_path: Path) -> TokenizerInfo:
+    """Write the package tokenizer to ``out_path`` and say what it holds."""
     folder_model = source.path / LIGHT_TOKENIZER_NAME
     if source.gguf_file:
         tok, meta = gguf_tokenizer(source.path / source.gguf_file)
@@ -143,22 +163,22 @@ def prepare_decoder_tokenizer(source: Source, out_path: Path) -> dict[str, Any]:
     if end_of_text is not None:
         stops.add(int(end_of_text))  # base-model end marker: also ends a chat turn
     template = meta["chat_template"]
-    return {
-        "tokens": {
+    return TokenizerInfo(
+        tokens={
             "bos": meta["bos"],
             "eos": int(meta["eos"]),
             "pad": int(meta["pad"]) if meta["pad"] is not None else int(meta["eos"]),
         },
-        "add_bos_token": bool(meta["add_bos"]),
-        "stop_token_ids": sorted(stops),
-        "chat_template": template,
-        "sentencepiece": light,
-        "chat_format": (
+        add_bos_token=bool(meta["add_bos"]),
+        stop_token_ids=tuple(sorted(stops)),
+        chat_template=template,
+        sentencepiece=light,
+        chat_format=(
             chat_format(template, context=meta["context"], reference=meta.get("reference"))
             if template
             else None
         ),
-    }
+    )
 
 
 def full_logits(session: Any, io: DecoderIO, ids: Sequence[int]) -> np.ndarray:

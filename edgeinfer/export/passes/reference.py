@@ -96,7 +96,12 @@ def hf_generate_speed(
     with tempfile.TemporaryDirectory() as tmp:
         info = prepare_decoder_tokenizer(src, Path(tmp) / "tokenizer.json")
         tok = Tokenizer.from_file(str(Path(tmp) / "tokenizer.json"))
-    text = render_chat(info["chat_format"], prompt)
+    if info.chat_format is None:
+        raise ConfigError(
+            f"{source} has no chat template, and the generation baseline sends a chat prompt; "
+            "benchmark a chat (instruct) model"
+        )
+    text = render_chat(info.chat_format, prompt)
     ids = torch.tensor([tok.encode(text, add_special_tokens=False).ids])
 
     def run(n: int) -> float:
@@ -108,7 +113,7 @@ def hf_generate_speed(
                     max_new_tokens=n,
                     min_new_tokens=n,
                     do_sample=False,
-                    pad_token_id=info["tokens"]["pad"],
+                    pad_token_id=info.tokens["pad"],
                 )
             )
 
