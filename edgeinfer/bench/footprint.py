@@ -1,5 +1,5 @@
-"""What the runtime costs on a device: the installed size of the distributions it needs and the
-resident memory (RSS) of a process serving a package.
+"""What the runtime costs on a device: the resident memory (RSS) of a process serving a package,
+beside the installed size of the distributions it loaded (``installed.py``).
 
 ``python -m edgeinfer.bench.footprint PKG`` measures a fresh process that imports the runtime, loads
 PKG and answers one request, so the numbers hold no CLI, no test runner and no other model;
@@ -10,54 +10,32 @@ PKG and answers one request, so the numbers hold no CLI, no test runner and no o
 from __future__ import annotations
 
 import argparse
-import importlib.metadata as metadata
 import json
 import platform
-import re
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.bench.installed import DistributionSize, distribution_sizes, loaded_distributions
 from edgeinfer.errors import EdgeInferError, InferenceError
 
 __all__ = [
-    "RUNTIME_REQUIREMENT",
     "Breakdown",
-    "DistributionSize",
     "MemoryUsage",
     "ServingFootprint",
     "breakdown_of",
-    "distribution_sizes",
-    "loaded_distributions",
     "measure_serving",
     "measure_serving_in_subprocess",
     "memory_usage",
-    "requirement_closure",
 ]
 
-# What a device installs for the runtime on CPU: the core dependencies plus the `cpu` extra.
-RUNTIME_REQUIREMENT = "edgeinfer[cpu]"
 # One short request of each kind: enough to touch every graph and buffer once.
 SAMPLE_TEXTS = ("The bank raised rates.", "A river runs through the old town.")
 SAMPLE_PROMPT = "The capital of France is"
 SAMPLE_NEW_TOKENS = 16
-_REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?")
-_EXTRA_MARKER = re.compile(r"""extra\s*==\s*['"]([^'"]+)['"]""")
-# Imported by `site` at start-up through .pth files (setuptools', virtualenv's), not by the runtime.
-_STARTUP_HOOKS = frozenset({"_distutils_hack", "_virtualenv"})
-
-
-@dataclass(frozen=True)
-class DistributionSize:
-    """One installed distribution: its files as recorded at install time, summed."""
-
-    name: str
-    version: str
-    bytes: int
-    files: int
 
 
 @dataclass(frozen=True)
@@ -168,81 +146,6 @@ def memory_usage() -> MemoryUsage:
 
 def _kib(value: str) -> int:
     return int(value.split()[0]) * 1024  # "12345 kB"
-
-
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _index(path: Sequence[str] | None) -> dict[str, metadata.Distribution]:
-    """Installed distributions by normalized name; the first on the path wins, as for imports."""
-    found: dict[str, metadata.Distribution] = {}
-    search = list(path) if path is not None else sys.path
-    for dist in metadata.distributions(path=search):
-        name = dist.metadata["Name"]
-        if name:  # a half-removed distribution can leave metadata without a name
-            found.setdefault(_normalize(name), dist)
-    return found
-
-
-def distribution_sizes(
-    names: Iterable[str], *, path: Sequence[str] | None = None
-) -> list[DistributionSize]:
-    """The installed size of each named distribution found on ``path`` (default: ``sys.path``).
-
-    The size is the sum of the files the installer recorded (RECORD: code, libraries,
-    compiled bytecode, metadata). Names not installed there are left out.
-    """
-    index = _index(path)
-    sizes = []
-    for name in dict.fromkeys(_normalize(n) for n in names):
-        dist = index.get(name)
-        if dist is None:
-            continue
-        files = [p for f in dist.files or () if (p := Path(str(dist.locate_file(f)))).is_file()]
-        total = sum(p.stat().st_size for p in files)
-        sizes.append(DistributionSize(dist.metadata["Name"], dist.version, total, len(files)))
-    return sorted(sizes, key=lambda d: d.bytes, reverse=True)
-
-
-def requirement_closure(
-    requirement: str = RUNTIME_REQUIREMENT, *, path: Sequence[str] | None = None
-) -> list[str]:
-    """The installed distributions that ``requirement`` pulls in, itself included.
-
-    Follows ``Requires-Dist`` through the requested extras. Environment markers other than
-    ``extra`` are not evaluated: a requirement whose distribution is not installed is skipped,
-    which is what its marker decided when it was installed.
-    """
-    index = _index(path)
-    order: list[str] = []
-    pending = [requirement]
-    seen: dict[str, set[str]] = {}
-    while pending:
-        match = _REQUIREMENT.match(pending.pop())
-        if match is None:
-            continue
-        name = _normalize(match.group(1))
-        extras = {e.strip() for e in (match.group(2) or "").split(",") if e.strip()}
-        if name not in index or (name in seen and extras <= seen[name]):
-            continue
-        if name not in seen:
-            order.append(name)
-        seen[name] = seen.get(name, set()) | extras
-        for line in index[name].requires or ():
-            spec, _, marker = line.partition(";")
-            wanted = set(_EXTRA_MARKER.findall(marker))
-            if not wanted or wanted & seen[name]:
-                pending.append(spec)
-    return order
-
-
-def loaded_distributions() -> list[str]:
-    """The distributions whose top-level modules this process has imported (no stdlib)."""
-    tops = {name.partition(".")[0] for name in list(sys.modules)}
-    tops -= set(sys.stdlib_module_names) | set(sys.builtin_module_names) | _STARTUP_HOOKS
-    owners = metadata.packages_distributions()
-    return sorted({dist for top in tops for dist in owners.get(top, ())})
 
 
 def measure_serving(

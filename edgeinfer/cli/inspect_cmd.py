@@ -149,16 +149,16 @@ def _placement_table(report: PlacementReport) -> Table:
 
 def _footprint(package: Path, file_backed_prepacks: bool) -> dict[str, Any]:
     """RSS of a fresh process serving ``package``; installed size of what the runtime needs."""
-    from edgeinfer.bench import footprint
+    from edgeinfer.bench import footprint, installed
 
     serving = footprint.measure_serving_in_subprocess(
         package, file_backed_prepacks=file_backed_prepacks
     )
-    closure = footprint.distribution_sizes(footprint.requirement_closure())
+    closure = installed.distribution_sizes(installed.requirement_closure())
     imported = {d.name for d in serving.distributions}
     return {
         "serving": serving.to_dict(),
-        "requirement": footprint.RUNTIME_REQUIREMENT,
+        "requirement": installed.RUNTIME_REQUIREMENT,
         "requirement_bytes": sum(d.bytes for d in closure),
         "not_imported": [vars(d) for d in closure if d.name not in imported],
     }

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeinfer.bench import footprint
+from edgeinfer.bench import footprint, installed
 from edgeinfer.errors import InferenceError
 
 FORBIDDEN = {"torch", "transformers", "optimum", "onnx", "optimum-onnx"}
@@ -52,16 +52,16 @@ def test_closure_follows_requested_extras_and_sizes_sum_recorded_files(tmp_path:
     _dist(site, "plotter", [], {"plotter/__init__.py": 9_000})
     path = [str(site)]
 
-    assert set(footprint.requirement_closure("app", path=path)) == {"app", "core", "hub"}
-    with_cpu = footprint.requirement_closure("app[cpu]", path=path)
+    assert set(installed.requirement_closure("app", path=path)) == {"app", "core", "hub"}
+    with_cpu = installed.requirement_closure("app[cpu]", path=path)
     assert set(with_cpu) == {"app", "core", "hub", "engine"}  # no plotter, no missing "absent"
 
-    sizes = {d.name: d for d in footprint.distribution_sizes(with_cpu, path=path)}
+    sizes = {d.name: d for d in installed.distribution_sizes(with_cpu, path=path)}
     metadata_bytes = (site / "core-1.0.dist-info" / "METADATA").stat().st_size
     assert sizes["core"].bytes == 32_000 + metadata_bytes
     assert sizes["core"].files == 3
-    assert next(iter(footprint.distribution_sizes(with_cpu, path=path))).name == "engine"
-    assert footprint.distribution_sizes(["not-installed"], path=path) == []
+    assert next(iter(installed.distribution_sizes(with_cpu, path=path))).name == "engine"
+    assert installed.distribution_sizes(["not-installed"], path=path) == []
 
 
 def test_memory_usage_sees_memory_this_process_touches() -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.bench import footprint
+from edgeinfer.bench import installed
 from edgeinfer.manifest import Manifest
 
 HERE = Path(__file__).resolve().parent
@@ -152,13 +152,13 @@ def judge(
 def footprint_table(sites: Path, serving: list[str]) -> tuple[list[str], dict[str, Any]]:
     """Installed sizes on aarch64: as pip resolves edgeinfer[cpu] (full) and the lean set."""
     full_path = [str(sites / "full")]
-    full = footprint.distribution_sizes(
-        footprint.requirement_closure(footprint.RUNTIME_REQUIREMENT, path=full_path),
+    full = installed.distribution_sizes(
+        installed.requirement_closure(installed.RUNTIME_REQUIREMENT, path=full_path),
         path=full_path,
     )
     lean_path = [str(sites / "edgeinfer"), str(sites / "lean")]
     lean = {
-        d.name.lower(): d for d in footprint.distribution_sizes(_names(lean_path), path=lean_path)
+        d.name.lower(): d for d in installed.distribution_sizes(_names(lean_path), path=lean_path)
     }
     used = {n.lower().replace("_", "-") for n in serving}
     lines = [
