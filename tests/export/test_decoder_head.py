@@ -78,7 +78,7 @@ def test_refined_head_gives_fp32_activation_logits_for_the_best_tokens(
     assert (got.argmax(1) == want.argmax(1)).all()
 
 
-def test_one_token_steps_and_verification_compute_the_same_bits(int8_folder: Path) -> None:
+def test_wide_one_token_steps_and_verification_compute_the_same_bits(int8_folder: Path) -> None:
     gen = Generator(
         int8_folder, Manifest.read(int8_folder), config=RuntimeConfig(threads=2), context_length=96
     )
@@ -86,7 +86,7 @@ def test_one_token_steps_and_verification_compute_the_same_bits(int8_folder: Pat
     tokens = list(gen.tokens(ids, max_new_tokens=12, sampling=SamplingConfig(draft_tokens=0)))
     steps = [gen.prefill(ids).copy()]
     for position, token in enumerate(tokens[:-1], start=len(ids)):
-        steps.append(gen.decode_one_token(token, position).copy())
+        steps.append(gen.decode_one_token(token, position, wide=True).copy())
     gen.forget_prefix()
     gen.prefill(ids)
     rows = gen._forward(tokens[:-1], len(ids), len(tokens) - 1, "logits")  # one pass

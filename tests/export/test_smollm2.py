@@ -122,12 +122,26 @@ ARTICLE = (
         "Write a short story about a lighthouse keeper.",
     ],
 )
-def test_prompt_lookup_gives_the_plain_greedy_answer(smollm2: Generator, question: str) -> None:
-    """The int8 graph computes a one-token step and a verification with the same bits, so
-    lookup's answer is plain greedy decoding's, token for token (not merely close)."""
+def test_prompt_lookup_gives_its_greedy_steps_answer(
+    smollm2: Generator, question: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The int8 graph computes a wide one-token step and a verification with the same bits,
+    so lookup's answer is that of its greedy steps without drafts, token for token (not
+    merely close)."""
+    from edgeinfer.runtime.generate import decoding
+    from edgeinfer.runtime.generate.lookup import PromptLookup
+
+    class NoDrafts(PromptLookup):
+        def draft(self, token: int, room: int) -> list[int]:
+            super().draft(token, room)
+            return []
+
     chat = [{"role": "user", "content": question}]
-    plain = smollm2.generate(chat, max_new_tokens=48, sampling=SamplingConfig(draft_tokens=0))
-    fast = smollm2.generate(chat, max_new_tokens=48)
+    lookup = SamplingConfig(draft_tokens=8)
+    with monkeypatch.context() as patch:
+        patch.setattr(decoding, "PromptLookup", NoDrafts)
+        plain = smollm2.generate(chat, max_new_tokens=48, sampling=lookup)
+    fast = smollm2.generate(chat, max_new_tokens=48, sampling=lookup)
     assert fast.token_ids == plain.token_ids
     assert smollm2.lookup is not None
     if question.startswith(ARTICLE):  # the answer copies the article: drafts hold

@@ -1,5 +1,6 @@
-"""The decoding loop's pieces on the tiny decoder: prompt lookup yields the plain greedy tokens,
-the KV cache grows with the request, and the sampler keeps exactly the top-k/top-p tokens."""
+"""The decoding loop's pieces on the tiny decoder: prompt lookup's drafts never change the
+tokens of its (wide) greedy steps, the KV cache grows with the request, and the sampler keeps
+exactly the top-k/top-p tokens."""
 
 from __future__ import annotations
 
@@ -16,6 +17,22 @@ from edgeinfer.runtime.generate.lookup import PromptLookup, accept_greedy
 from edgeinfer.runtime.generate.sampling import Sampler
 
 PLAIN = SamplingConfig(draft_tokens=0)
+LOOKUP = SamplingConfig(draft_tokens=8)
+
+
+class _NoDrafts(PromptLookup):
+    """Prompt lookup that never finds a draft: every step is a one-token wide step."""
+
+    def draft(self, token: int, room: int) -> list[int]:
+        super().draft(token, room)
+        return []
+
+
+def _wide_greedy(gen: Generator, prompt: object, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``prompt``'s greedy answer in the computation prompt lookup runs, without drafts."""
+    with monkeypatch.context() as patch:
+        patch.setattr(decoding, "PromptLookup", _NoDrafts)
+        return gen.generate(prompt, max_new_tokens=48, sampling=LOOKUP)  # type: ignore[arg-type]
 
 
 def test_prompt_lookup_drafts_what_followed_the_last_ngram() -> None:
@@ -38,7 +55,10 @@ def test_greedy_acceptance_keeps_the_drafts_up_to_the_first_miss() -> None:
 
 def test_verify_accepts_the_greedy_continuation(tiny: Generator) -> None:
     ids = tiny.encode("The market rose")
-    plain = list(tiny.tokens(ids, max_new_tokens=8, sampling=PLAIN))
+    token = int(tiny.prefill(ids).argmax())
+    plain = [token]  # the wide steps' greedy tokens: what a verification computes
+    for position in range(len(ids), len(ids) + 7):
+        plain.append(tiny.decode_greedy(plain[-1], position, wide=True))
     tiny.forget_prefix()
     tiny.prefill(ids)
     # The true continuation is accepted whole, plus the model's next token after it.
@@ -49,7 +69,7 @@ def test_verify_accepts_the_greedy_continuation(tiny: Generator) -> None:
     tiny.prefill(ids)
     assert tiny.verify(plain[0], wrong, len(ids)) == plain[1:3]  # cut at the wrong draft
     assert tiny.cache.ids == [*ids, *plain[:2]]  # rejected positions are not kept
-    assert tiny.decode_greedy(plain[2], len(ids) + 2) == plain[3]
+    assert tiny.decode_greedy(plain[2], len(ids) + 2, wide=True) == plain[3]
 
 
 @pytest.mark.parametrize(
@@ -60,9 +80,11 @@ def test_verify_accepts_the_greedy_continuation(tiny: Generator) -> None:
         [{"role": "user", "content": "Name three rivers in Europe."}],
     ],
 )
-def test_prompt_lookup_yields_the_plain_greedy_tokens(tiny: Generator, prompt: object) -> None:
-    plain = tiny.generate(prompt, max_new_tokens=48, sampling=PLAIN)  # type: ignore[arg-type]
-    fast = tiny.generate(prompt, max_new_tokens=48)  # type: ignore[arg-type]
+def test_prompt_lookup_yields_its_greedy_steps_tokens(
+    tiny: Generator, prompt: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = _wide_greedy(tiny, prompt, monkeypatch)
+    fast = tiny.generate(prompt, max_new_tokens=48, sampling=LOOKUP)  # type: ignore[arg-type]
     assert fast.token_ids == plain.token_ids and fast.text == plain.text
 
 
@@ -71,9 +93,11 @@ def test_lookup_loop_yields_the_plain_tokens_whatever_the_drafts(
     tiny: Generator, monkeypatch: pytest.MonkeyPatch, oracle: bool
 ) -> None:
     """Drafts that are the true continuation are all accepted, wrong ones all rejected; the
-    tokens stay the plain greedy ones either way, up to max_new_tokens exactly."""
+    tokens stay the greedy steps' ones either way, up to max_new_tokens exactly."""
     ids = tiny.encode("Chelsea won the cup after a long season of")
-    plain = list(tiny.tokens(ids, max_new_tokens=30, sampling=PLAIN))
+    with monkeypatch.context() as patch:
+        patch.setattr(decoding, "PromptLookup", _NoDrafts)
+        plain = list(tiny.tokens(ids, max_new_tokens=30, sampling=LOOKUP))
 
     class Drafter(PromptLookup):
         def draft(self, token: int, room: int) -> list[int]:
@@ -83,7 +107,7 @@ def test_lookup_loop_yields_the_plain_tokens_whatever_the_drafts(
             return true if oracle else [(t + 1) % 512 for t in true]
 
     monkeypatch.setattr(decoding, "PromptLookup", Drafter)
-    fast = list(tiny.tokens(ids, max_new_tokens=30, sampling=SamplingConfig()))
+    fast = list(tiny.tokens(ids, max_new_tokens=30, sampling=LOOKUP))
     assert fast == plain
     assert tiny.lookup is not None
     accepted = tiny.lookup.accepted

@@ -19,15 +19,7 @@ from edgeinfer.package_io import DecoderIO
 from edgeinfer.runtime.generate import Generator
 from edgeinfer.runtime.generate.engine import Engine
 from edgeinfer.runtime.generate.slots import SlotCache
-
-PROMPTS = [
-    "The market rose",
-    "Once upon a time there was",
-    "Rain fell on the",
-    "A short list: one, two,",
-    "Water boils at",
-    "The committee said on Tuesday that",
-]
+from tests.engine_jobs import PROMPTS, all_at_once
 
 
 def _batched(package: Path, **options: int) -> Generator:
@@ -47,34 +39,10 @@ def batched(tiny_package: Path) -> Iterator[Generator]:
     gen.close()
 
 
-def _all_at_once(gen: Generator, jobs: list[dict[str, object]]) -> list[list[int]]:
-    """Submit every job before the engine admits any, then read each in its own thread."""
-    assert gen.engine is not None
-    out: list[list[int]] = [[] for _ in jobs]
-    with gen.engine._cond:  # the engine's lock: nothing is admitted until all are queued
-        seqs = [
-            gen.engine.submit(
-                gen.encode(str(job["prompt"])),
-                **{k: v for k, v in job.items() if k != "prompt"},  # type: ignore[arg-type]
-            )
-            for job in jobs
-        ]
-
-    def read(i: int) -> None:
-        out[i] = list(seqs[i])
-
-    threads = [threading.Thread(target=read, args=(i,)) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
-
-
 def test_each_sequence_gets_its_solo_greedy_tokens_whatever_runs_beside_it(
     tiny: Generator, batched: Generator
 ) -> None:
-    # The solo path (one sequence, prompt lookup on) is the reference.
+    # The load without batching (one sequence at a time) is the reference.
     solo = [tiny.generate(p, max_new_tokens=24) for p in PROMPTS]
     # Six sequences on three slots, leaving at different steps: joins and leaves mid-stream.
     lengths = [24 - 3 * i for i in range(len(PROMPTS))]
@@ -99,7 +67,7 @@ def test_seeded_sampling_is_per_sequence(tiny: Generator, batched: Generator) ->
     sampling = SamplingConfig(temperature=0.9, top_k=40, seed=7)
     alone = [tiny.generate(p, max_new_tokens=16, sampling=sampling).token_ids for p in PROMPTS[:3]]
     jobs = [{"prompt": p, "max_new_tokens": 16, "sampling": sampling} for p in PROMPTS[:3]]
-    together = _all_at_once(batched, [{**j, "stop_token_ids": frozenset()} for j in jobs])
+    together = all_at_once(batched, [{**j, "stop_token_ids": frozenset()} for j in jobs])
     for mine, ref in zip(together, alone, strict=True):
         assert tuple(mine[: len(ref)]) == ref
 
@@ -146,7 +114,7 @@ def test_a_kv_budget_admits_what_fits_and_refuses_what_never_can(tiny_package: P
     gen = _batched(tiny_package, max_sequences=4, kv_budget_bytes=2 * ids_per_request * per_token)
     try:
         jobs = [{"prompt": PROMPTS[0], "max_new_tokens": 8, "stop_token_ids": frozenset()}] * 4
-        outs = _all_at_once(gen, [dict(j, sampling=SamplingConfig()) for j in jobs])
+        outs = all_at_once(gen, [dict(j, sampling=SamplingConfig()) for j in jobs])
         assert all(out == outs[0] and len(out) == 8 for out in outs)
         with pytest.raises(ConfigError, match="budget"):
             gen.generate(PROMPTS[0], max_new_tokens=100)

@@ -8,6 +8,15 @@ preallocated arrays, runs the graph and reads its output from a preallocated buf
 logits [V], or, for greedy decoding of a graph with an argmax output, one integer. Graphs with
 a ``logits_input`` compute logits only for the positions asked for (the prompt's last one, or
 every verified one).
+
+A one-token step runs attention on its one row (``extra_row`` 0): the computation a batched
+step of the continuous-batching engine runs for each of its sequences (onnxruntime takes
+several sequences one row each only), so a request's greedy tokens are the same bits whether
+it is decoded here, alone in the engine or beside others. A request that drafts by prompt
+lookup runs its one-token steps on two rows instead (``wide``: the last one repeated), the
+computation of a many-row verification, so its drafts never change its tokens; one row and
+two sum in another order, so its greedy answer may differ from the plain one at near-ties
+(see ``export/decoder/graph.py``).
 """
 
 from __future__ import annotations
@@ -85,14 +94,18 @@ class Decoder:
         # Flat views of the three: a step writes and reads Python ints, no numpy scalars.
         self._slots = [a.data.cast("B").cast("q") for a in (self._token, self._position)]
         self._best_slot = self._best.data.cast("B").cast("q")
-        # Two decode bindings over the same inputs and cache: one reads the logits, the other
-        # (greedy, on graphs with an argmax output) the chosen token only.
-        self._decode = self._binding()
-        self._decode.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self._logits))
-        self._greedy = self._binding() if io.argmax_output else self._decode
-        if io.argmax_output:
-            best = ort.OrtValue.ortvalue_from_numpy(self._best)
-            self._greedy.bind_ortvalue_output(io.argmax_output, best)
+        # Decode bindings over the same inputs and cache, per computation (one row; two rows,
+        # ``wide``): one reads the logits, the other (greedy, on graphs with an argmax output)
+        # the chosen token only.
+        self._decode: dict[bool, Any] = {}
+        self._greedy: dict[bool, Any] = {}
+        for wide in (False, True):
+            decode = self._decode[wide] = self._binding(wide=wide)
+            decode.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self._logits))
+            greedy = self._greedy[wide] = self._binding(wide=wide) if io.argmax_output else decode
+            if io.argmax_output:
+                best = ort.OrtValue.ortvalue_from_numpy(self._best)
+                greedy.bind_ortvalue_output(io.argmax_output, best)
         # Multi-token runs (prefill, verification): the output is allocated per run.
         self._forward_bindings = {
             name: self._session.io_binding() for name in ("logits", io.argmax_output) if name
@@ -100,35 +113,37 @@ class Decoder:
         for name, binding in self._forward_bindings.items():
             binding.bind_output(name)  # bound first: output 0
             self.cache.bind(binding)
-            self._bind_extra_row(binding)
+            self._bind_extra_row(binding, rows=1)
         self.prefix_reused = 0  # tokens the last prefill took from the cache
         self.run_seconds = 0.0  # time spent inside onnxruntime, for the bench's overhead figure
         self.lookup: PromptLookup | None = None  # the last request's prompt lookup
 
-    def _binding(self) -> Any:
-        """A one-token binding: the preallocated token and position, the cache and mask."""
+    def _binding(self, *, wide: bool) -> Any:
+        """A one-token binding: the preallocated token and position, the cache and mask;
+        attention on one row, or two (``wide``)."""
         binding = self._session.io_binding()
         self.cache.bind(binding)
         binding.bind_cpu_input("input_ids", self._token)
         binding.bind_cpu_input("position_ids", self._position)
         if self.io.logits_input:
             binding.bind_cpu_input(self.io.logits_input, np.ones(1, np.int64))
-        self._bind_extra_row(binding)
+        self._bind_extra_row(binding, rows=int(wide))
         return binding
 
-    def _bind_extra_row(self, binding: Any) -> None:
-        """Attention's extra row on: a one-token step computes the bits a many-token run
-        does (see ``export/decoder/graph.py``)."""
+    def _bind_extra_row(self, binding: Any, *, rows: int) -> None:
+        """Attention's extra row: 1 for many-token runs (a prefill, a verification: the bits
+        of a wide one-token step, see ``export/decoder/graph.py``), 0 for a plain step."""
         if self.io.extra_row_input:
-            binding.bind_cpu_input(self.io.extra_row_input, np.ones(1, np.int64))
+            binding.bind_cpu_input(self.io.extra_row_input, np.full(1, rows, np.int64))
 
     def warm_up(self, runs: int) -> None:
         """Kernel selection and allocations before requests: ``runs`` one-token prefills and
         decode steps (``run_seconds`` does not count them)."""
         for _ in range(runs):
             self.prefill([0])  # token 0 exists in every vocabulary
-            self.decode_one_token(0, 1)
-            self.decode_greedy(0, 1)
+            for wide in (False, True):
+                self.decode_one_token(0, 1, wide=wide)
+                self.decode_greedy(0, 1, wide=wide)
         self.run_seconds = 0.0
 
     # -- the steps -----------------------------------------------------------------------------
@@ -190,17 +205,19 @@ class Decoder:
         self._run(binding)
         ids.append(token)
 
-    def decode_one_token(self, token: int, position: int) -> np.ndarray:
-        """Feed ``token`` at ``position`` (its KV is written in place), return logits [V]."""
-        self._step(self._decode, token, position)
+    def decode_one_token(self, token: int, position: int, *, wide: bool = False) -> np.ndarray:
+        """Feed ``token`` at ``position`` (its KV is written in place), return logits [V].
+        ``wide``: attention on two rows, the bits of a verification (prompt lookup)."""
+        self._step(self._decode[wide], token, position)
         row: np.ndarray = self._logits[0, 0]
         return row
 
-    def decode_greedy(self, token: int, position: int) -> int:
-        """Feed ``token`` at ``position``; the most likely next token."""
-        if self._greedy is self._decode:
-            return int(self.decode_one_token(token, position).argmax())
-        self._step(self._greedy, token, position)
+    def decode_greedy(self, token: int, position: int, *, wide: bool = False) -> int:
+        """Feed ``token`` at ``position``; the most likely next token (``wide``: see
+        ``decode_one_token``)."""
+        if self._greedy[wide] is self._decode[wide]:
+            return int(self.decode_one_token(token, position, wide=wide).argmax())
+        self._step(self._greedy[wide], token, position)
         best: int = self._best_slot[0]
         return best
 
@@ -226,7 +243,8 @@ class Decoder:
     ) -> Iterator[int]:
         """Yield generated token ids (eos included) until eos, ``max_new_tokens`` or the
         ``deadline`` (a ``time.perf_counter()`` value). Greedy decoding drafts tokens by
-        prompt lookup (``sampling.draft_tokens``) and yields the same tokens faster."""
+        prompt lookup when ``sampling.draft_tokens`` asks (its steps are then ``wide``, so the
+        drafts never change its tokens)."""
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if len(ids) + max_new_tokens > self.context_length:
@@ -263,7 +281,7 @@ class Decoder:
                         return
                 token = chosen[-1]
             elif greedy:
-                token = self.decode_greedy(token, position)
+                token = self.decode_greedy(token, position, wide=lookup is not None)
                 position += 1
             else:
                 token = sample(self.decode_one_token(token, position))

@@ -17,10 +17,11 @@ row in a ``SlotCache``. The thread loops:
    row moved into the gap).
 
 Sequences join and leave at token boundaries. A one-token step runs attention without the
-extra row (``extra_row`` 0, see ``export/decoder/graph.py``): the same computation whether a
-sequence is decoded alone or with others, so a sequence's greedy text does not depend on the
-load. Prompt lookup is not used here: onnxruntime's ``GroupQueryAttention`` takes several
-sequences only one new token each.
+extra row (``extra_row`` 0, see ``export/decoder/graph.py``), as ``decoding.Decoder``'s plain
+steps do: the same computation whether a sequence is decoded alone, with others or on a load
+without batching, so a sequence's greedy text does not depend on the load. Prompt lookup is
+not used here: onnxruntime's ``GroupQueryAttention`` takes several sequences only one new
+token each.
 """
 
 from __future__ import annotations
@@ -252,9 +253,7 @@ class Engine:
     def _admit(self) -> None:
         """Drop cancelled and expired waiting sequences; start the next one when it fits."""
         now = time.perf_counter()
-        while self._waiting and (
-            self._waiting[0].cancelled.is_set() or self._waiting[0].expired(now)
-        ):
+        while self._waiting and (self._waiting[0].cancelled.is_set() or self._waiting[0].expired()):
             self._finish_unstarted(self._waiting.popleft())
         if self._filling is not None or not self._waiting:
             return

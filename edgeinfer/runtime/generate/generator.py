@@ -58,9 +58,10 @@ class Generator(Decoder):
     """Generate text with a ``generate`` package on onnxruntime.
 
     Thread-safe. Without ``batching`` requests run one at a time (one KV cache, prompt lookup
-    on): a stream holds the generator until it is exhausted or closed. With ``batching``, up to
-    ``max_sequences`` requests are decoded together by one engine thread (``engine.Engine``)
-    and a stream holds nothing: an abandoned one frees its slot.
+    when asked): a stream holds the generator until it is exhausted or closed. With
+    ``batching``, up to ``max_sequences`` requests are decoded together by one engine thread
+    (``engine.Engine``) and a stream holds nothing: an abandoned one frees its slot. Greedy
+    tokens are the same either way (see ``decoding``).
 
     Args:
         path: the package folder.
@@ -202,7 +203,7 @@ class Generator(Decoder):
         Args:
             prompt: text, or ``[{"role": ..., "content": ...}, ...]`` for the chat template.
             max_new_tokens: the most tokens to generate; prompt + this must fit the context.
-            sampling: greedy (with prompt lookup) by default.
+            sampling: greedy by default (the same tokens with ``batching`` or without).
             stop: strings that end the generation (not included in the text).
             timeout_s: stop after this many seconds (finish_reason ``deadline``).
 
@@ -296,8 +297,11 @@ class Generator(Decoder):
         )
 
     def _solo(self, request: Request, prompt: Prompt) -> Iterator[TextChunk]:
-        """Decode ``request`` on the one-sequence cache (prompt lookup on when greedy); the
+        """Decode ``request`` on the one-sequence cache (prompt lookup when asked); the
         sequence's rules decide when it ends."""
+        if request.expired():  # it waited for the cache past its deadline
+            yield request.close(self.decode)
+            return
         ids = request.ids
         system = self._system_ids(prompt, ids) if self._store is not None else []
         from_disk = prefix_store.restore(self._store, self.cache, system)
@@ -312,8 +316,6 @@ class Generator(Decoder):
                     yield chunk
                 if request.done:
                     break
-            last = request.close(self.decode)
-            if last is not None:
-                yield last
+            yield request.close(self.decode)
         finally:
             prefix_store.save(self._store, self.cache, system)  # the write never delays a token

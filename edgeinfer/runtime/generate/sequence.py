@@ -5,7 +5,7 @@ every rule that ends it, in one place.
 ``accept`` takes each generated token and decides, at that token, whether the sequence is
 done and why: ``eos`` (a stop token), ``stop`` (a stop string), ``length`` (max_new_tokens) or
 ``deadline``. The decision is made once, where it happens, so a length stop is never reported
-as a deadline that passed a moment later.
+as a deadline that passed a moment later; ``close`` hands it on in the stream's last chunk.
 
 A sequence the continuous-batching engine decodes hands its tokens to the caller's thread
 through a queue: ``tokens()`` or ``chunks()`` block on it; closing either iterator early (or
@@ -14,6 +14,7 @@ through a queue: ``tokens()`` or ``chunks()`` block on it; closing either iterat
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -41,6 +42,7 @@ class Sequence:
         text: the detokenizer with the stop strings; ``None``: token ids only.
         deadline: a ``time.perf_counter()`` value that ends the sequence (``deadline``).
         started: when the request began (its time to first token counts from here).
+        clock: the time source of ``deadline`` and ``started`` (``time.perf_counter``).
     """
 
     def __init__(
@@ -53,14 +55,16 @@ class Sequence:
         text: TextStream | None = None,
         deadline: float | None = None,
         started: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.ids = list(ids)
+        self.clock = clock
         self.max_new_tokens = max_new_tokens
         self.sample = Sampler(sampling)
         self.stop_token_ids = stop_token_ids
         self.text = text
         self.deadline = deadline
-        self.started = time.perf_counter() if started is None else started
+        self.started = clock() if started is None else started
         self.state = StreamState(prompt_tokens=len(self.ids))
         self.generated: list[int] = []  # every token accepted (an eos included)
         # The result's token ids: the text's (an eos is never pushed to it), else all of them.
@@ -84,7 +88,7 @@ class Sequence:
         """Record one generated token; the text it makes safe to send. Sets ``done`` (and the
         state's ``finish``) when this token ends the sequence."""
         self.generated.append(token)
-        now = time.perf_counter()
+        now = self.clock()
         self.state.tick(now - self.started)
         self.token_s.append(now)
         chunk = None
@@ -101,21 +105,25 @@ class Sequence:
                 self.state.finish, self.done = "deadline", True
         return chunk
 
-    def expired(self, now: float) -> bool:
+    def expired(self) -> bool:
         """True (and finished with ``deadline``) when the deadline passed before any token."""
-        if self.deadline is not None and now >= self.deadline:
+        if self.deadline is not None and self.clock() >= self.deadline:
             self.state.finish, self.done = "deadline", True
         return self.done
 
-    def close(self, decode: Callable[[list[int]], str]) -> TextChunk | None:
-        """The last chunk: what the stream held back (a trailing partial character), unless a
-        stop string already ended the text."""
-        if self.text is None or self.text.stopped:
-            return None
-        last = self.text.finish(decode(self.text.ids))
-        if self.text.stopped:
-            self.state.finish = "stop"
-        return last
+    def close(self, decode: Callable[[list[int]], str]) -> TextChunk:
+        """The stream's last chunk, carrying the finish reason: what the stream held back (a
+        trailing partial character; after a stop string, the tokens no chunk carried); no
+        text and no tokens when nothing was held back."""
+        last = None
+        if self.text is not None:
+            stopped = self.text.stopped
+            last = self.text.finish("" if stopped else decode(self.text.ids))
+            if self.text.stopped and not stopped:  # the whole text holds a stop string
+                self.state.finish = "stop"
+        if last is None:
+            return TextChunk(text="", token_ids=(), finish_reason=self.state.finish)
+        return dataclasses.replace(last, finish_reason=self.state.finish)
 
     # -- the engine's side of the queue --------------------------------------------------------
 

@@ -44,10 +44,14 @@ class GenerateOptions(TypedDict, total=False):
 @dataclass(frozen=True, slots=True)
 class TextChunk:
     """A piece of streamed text: ``text`` is new, complete characters (never half of one);
-    ``token_ids`` are the tokens generated since the previous chunk."""
+    ``token_ids`` are the tokens generated since the previous chunk. The stream's last chunk
+    carries ``finish_reason`` (``eos``, ``stop``, ``length`` or ``deadline``, decided once, at
+    the token that ended the generation); it may hold no text and no tokens. Every other chunk
+    has ``None``."""
 
     text: str
     token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
 
 
 @dataclass(frozen=True)
@@ -158,9 +162,10 @@ class TextStream:
 
     def finish(self, text: str) -> TextChunk | None:
         """The last chunk, given ``text``: the whole answer decoded at once (it ends with any
-        character the stream could not complete)."""
+        character the stream could not complete); once a stop string ended the text, only
+        the tokens no chunk carried yet."""
         if self.stopped:
-            return None
+            return self._chunk("") if self._pending else None
         tail = first_stop(text, self.stops, self.sent)
         self.stopped = tail is not None
         end = len(text) if tail is None else tail

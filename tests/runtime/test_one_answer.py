@@ -1,0 +1,142 @@
+"""One answer whatever the load: a request's tokens are the same bits whether its package was
+loaded with continuous batching or not, and whether it is decoded alone or beside other
+streams, on the tiny decoder and on a real exported one (SmolLM2-135M, int8)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edgeinfer.config import ContinuousBatchConfig, RuntimeConfig, SamplingConfig
+from edgeinfer.manifest import Manifest
+from edgeinfer.runtime.generate import Generator
+from edgeinfer.runtime.generate.sampling import Sampler
+from tests.engine_jobs import PROMPTS, all_at_once
+
+TINY_PROMPTS = [*PROMPTS, "In 1999 the city", "Dear customer, we regret"]
+
+# Questions a device's users ask, as chats: the issue's closing bar is 20 of them.
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about rain.",
+    "Explain photosynthesis in one sentence.",
+    "Give me three tips for sleeping better.",
+    "What does a thermostat do?",
+    "Translate 'good morning' into Spanish.",
+    "Why is the sky blue?",
+    "Name a famous painting by Leonardo da Vinci.",
+    "How do I boil an egg?",
+    "What is the difference between weather and climate?",
+    "Write a short poem about the sea.",
+    "List three uses of a Raspberry Pi.",
+    "What is 12 times 12?",
+    "Summarize the plot of Romeo and Juliet.",
+    "Why do cats purr?",
+    "What should I pack for a day hike?",
+    "Explain what a heat pump is.",
+    "Give me a name for a pet turtle.",
+    "How does a smoke detector work?",
+    "What is the tallest mountain in Europe?",
+]
+
+
+def _load(package: Path, *, threads: int, slots: int | None) -> Generator:
+    return Generator(
+        package,
+        Manifest.read(package),
+        config=RuntimeConfig(threads=threads),
+        context_length=256,
+        batching=None if slots is None else ContinuousBatchConfig(max_sequences=slots),
+    )
+
+
+@pytest.fixture
+def engine4(tiny_package: Path) -> Iterator[Generator]:
+    gen = _load(tiny_package, threads=1, slots=4)
+    yield gen
+    gen.close()
+
+
+def _side_by_side(gen: Generator, prompts: Sequence[Any], *, max_new_tokens: int) -> list[Any]:
+    """Each prompt's greedy token ids when all are queued before the engine admits any (four
+    slots: every sequence decoded beside three others)."""
+    jobs = [
+        {"prompt": p, "max_new_tokens": max_new_tokens, "sampling": SamplingConfig()}
+        for p in prompts
+    ]
+    ids = all_at_once(gen, jobs)
+    return [tuple(t for t in seq if t not in gen.stop_token_ids) for seq in ids]  # eos: not kept
+
+
+def _three_ways(
+    solo: Generator, engine: Generator, prompts: Sequence[Any], *, max_new_tokens: int
+) -> None:
+    alone = [solo.generate(p, max_new_tokens=max_new_tokens).token_ids for p in prompts]
+    engine_alone = [engine.generate(p, max_new_tokens=max_new_tokens).token_ids for p in prompts]
+    beside = _side_by_side(engine, prompts, max_new_tokens=max_new_tokens)
+    for i, prompt in enumerate(prompts):
+        assert engine_alone[i] == alone[i], prompt
+        assert beside[i] == alone[i], prompt
+
+
+def test_greedy_tokens_are_the_same_loaded_with_batching_or_not(
+    tiny: Generator, engine4: Generator
+) -> None:
+    _three_ways(tiny, engine4, TINY_PROMPTS, max_new_tokens=32)
+
+
+def test_every_step_computes_the_same_logits_bits_whatever_the_load(
+    tiny: Generator, engine4: Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seeded sampling reads each step's logits: they are bit for bit those of the load
+    without batching, alone or beside three others (a near-tie flips no greedy token)."""
+    seen: dict[int | None, list[np.ndarray]] = defaultdict(list)
+    real = Sampler.__call__
+
+    def recording(self: Sampler, logits: np.ndarray) -> int:
+        seen[self.config.seed].append(logits.copy())
+        return real(self, logits)
+
+    monkeypatch.setattr(Sampler, "__call__", recording)
+    samplings = [SamplingConfig(temperature=0.8, seed=seed) for seed in range(4)]
+
+    def run(gen: Generator, beside: bool) -> dict[int | None, list[np.ndarray]]:
+        seen.clear()
+        jobs = [
+            {"prompt": p, "max_new_tokens": 16, "sampling": s}
+            for p, s in zip(TINY_PROMPTS, samplings, strict=False)
+        ]
+        if beside:
+            all_at_once(gen, jobs)
+        else:
+            for job in jobs:
+                gen.generate(job["prompt"], max_new_tokens=16, sampling=job["sampling"])
+        return dict(seen)
+
+    reference = run(tiny, beside=False)
+    for got in (run(engine4, beside=False), run(engine4, beside=True)):
+        assert got.keys() == reference.keys()
+        for seed, steps in reference.items():
+            assert len(got[seed]) == len(steps)
+            for mine, want in zip(got[seed], steps, strict=True):
+                assert np.array_equal(mine, want), seed  # bits, not merely close
+
+
+@pytest.mark.slow
+def test_a_real_decoders_greedy_answers_are_the_same_loaded_with_batching_or_not(
+    smollm2_package: Path,
+) -> None:
+    """The int8 SmolLM2 package: a near-tie in its logits flips a greedy token, so any
+    difference in how a step is computed shows in the text within a few words."""
+    solo = _load(smollm2_package, threads=2, slots=None)
+    engine = _load(smollm2_package, threads=2, slots=4)
+    try:
+        chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
+        _three_ways(solo, engine, chats, max_new_tokens=32)
+    finally:
+        engine.close()
