@@ -1,45 +1,41 @@
 """Generate requests: several generations at once per model, a bounded queue, streamed chunks.
 
-Each generate model has a lane: a queue of at most ``max_queue`` requests (one more is
-answered ``busy``) and ``max_running`` threads. A model loaded with continuous batching decodes
-up to its ``max_sequences`` generations together (one graph run per token for all of them);
-the lane runs that many at once (a model without it: one). Each thread streams its answer to
-the reply topic as
-numbered chunks (``{"chunk": 0, "text": ...}``, ``1``, ...) while it is decoded, then sends
-one final message (``done: true``) with the full text, token counts, time to first token,
-tokens/s and the stop reason: ``eos``, ``stop`` (a stop string), ``length``
-(``max_new_tokens``), ``deadline`` (the whole-answer deadline) or ``cancelled``.
+Each generate model has a lane: a fair queue of at most ``max_queue`` requests, taken round
+robin across clients (``fairness.py``: one more is answered ``busy``, or pushes out the newest
+of the client holding the most), and ``max_running`` threads. A model loaded with continuous
+batching decodes up to its ``max_sequences`` generations together (one graph run per token for
+all of them); the lane runs that many at once (a model without it: one). Each thread streams
+its answer to the reply topic as numbered chunks (``{"chunk": 0, "text": ...}``, ``1``, ...)
+while it is decoded, then sends one final message (``done: true``) with the full text, token
+counts, time to first token, tokens/s and the stop reason: ``eos``, ``stop`` (a stop string),
+``length`` (``max_new_tokens``), ``deadline`` (the whole-answer deadline) or ``cancelled``.
 
 Deadlines: a request whose whole-answer deadline or first-token deadline passed in the queue
 is answered ``deadline_exceeded`` without running; a first token that comes after its
 deadline stops the generation with ``deadline_exceeded``; the whole-answer deadline ends the
 generation where it is (``stop_reason: deadline``, the text so far). ``cancel`` by id stops a
-queued generation before it runs and a running one at its next token.
+queued generation of the same client (reply address) before it runs and a running one at its
+next token; another client's generation of that id is not touched. Every reply goes through
+the request's ``Ticket`` (``guard.py``).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from edgeinfer.bridge.serve.replies import DedupStore, Stored
+from edgeinfer.bridge.serve.fairness import FairQueue, enqueue
+from edgeinfer.bridge.serve.guard import Hold, Ticket
+from edgeinfer.bridge.serve.replies import Stored
 from edgeinfer.bridge.serve.serving import ModelTable
 from edgeinfer.bridge.wire import kinds
 from edgeinfer.bridge.wire import protocol as proto
-from edgeinfer.bridge.wire.failures import wire_error
 from edgeinfer.config import SamplingConfig
 from edgeinfer.runtime.generate.streaming import first_stop, held_back
 
 __all__ = ["GenerationLane"]
-
-Send = Callable[[proto.Request, bytes], None]
-
-
-class _Cancelled(Exception):
-    """Raised inside a lane when its running generation is cancelled."""
 
 
 class GenerationLane:
@@ -48,12 +44,10 @@ class GenerationLane:
     Args:
         name: the model's name (its topic level).
         models: the model table (the lane takes the model when a generation starts).
-        dedup: the bridge's de-duplication store (the lane releases its keys).
-        send: publishes one payload to a request's reply topic (any thread).
-        reply_error: answers a request with an error (and counts it).
         max_queue: generations waiting at most.
         max_running: generations running at most (threads); the model's own
             ``max_sequences`` caps it further.
+        max_client: generations one reply address may have in flight; ``None``: no cap.
         clock_ms: epoch-ms clock (deadlines).
         on_answer: called with the model name and the total ms of each final answer.
     """
@@ -63,26 +57,21 @@ class GenerationLane:
         name: str,
         *,
         models: ModelTable,
-        dedup: DedupStore,
-        send: Send,
-        reply_error: Callable[[proto.Request, str, str], None],
         max_queue: int,
         max_running: int = 1,
+        max_client: int | None = None,
         clock_ms: Callable[[], float],
         on_answer: Callable[[str, float], None] | None = None,
     ) -> None:
         self.name = name
         self._on_answer = on_answer
         self._models = models
-        self._dedup = dedup
-        self._send = send
-        self._reply_error = reply_error
         self.max_queue = max_queue
         self._clock = clock_ms
-        self._queue: deque[proto.Request] = deque()
+        self._queue: FairQueue[Ticket] = FairQueue(max_queue, max_client=max_client)
         self._cond = threading.Condition()  # guards the queue, _running, _cancel, _stopping
-        self._running: set[str] = set()
-        self._cancel: set[str] = set()
+        self._running: set[proto.RequestKey] = set()
+        self._cancel: set[proto.RequestKey] = set()
         self._stopping = False
         self.generations = 0  # model runs started (the soak test checks one per id)
         self._threads = [
@@ -101,7 +90,7 @@ class GenerationLane:
             self._stopping = True
             self._cond.notify_all()
             if not self._cond.wait_for(lambda: not self._queue and not self._running, timeout_s):
-                self._cancel.update([*(r.id for r in self._queue), *self._running])
+                self._cancel.update([*(t.request.key for t in self._queue), *self._running])
         for thread in self._threads:
             if thread.is_alive():
                 thread.join()
@@ -123,27 +112,21 @@ class GenerationLane:
         model = self._models.get(self.name)
         return min(len(self._threads), int(getattr(model, "max_sequences", 1)))
 
-    def submit(self, request: proto.Request) -> bool:
-        """Queue a generation; False when the queue is full (the caller answers ``busy``)."""
-        with self._cond:
-            if len(self._queue) >= self.max_queue or self._stopping:
-                return False
-            self._queue.append(request)
-            self._cond.notify_all()
-            return True
+    def submit(self, ticket: Ticket, hold: Hold) -> None:
+        """Queue a generation and pass its ticket on, or answer it ``busy``."""
+        enqueue(self._queue, self._cond, ticket, hold, closed=lambda: self._stopping)
 
-    def cancel(self, target: str) -> str:
-        """Cancel generation ``target``: ``queued``, ``running`` or ``unknown`` (finished,
-        never seen, or on another model)."""
+    def cancel(self, key: proto.RequestKey) -> str:
+        """Cancel the generation of identity ``key``: ``queued``, ``running`` or ``unknown``
+        (finished, never seen, another client's, or on another model)."""
         with self._cond:
-            if target in self._running:
-                self._cancel.add(target)
+            if key in self._running:
+                self._cancel.add(key)
                 return "running"
-            for queued in self._queue:
-                if queued.id == target:
-                    self._cancel.add(target)
-                    self._cond.notify_all()
-                    return "queued"
+            if any(queued.request.key == key for queued in self._queue):
+                self._cancel.add(key)
+                self._cond.notify_all()
+                return "queued"
         return "unknown"
 
     # -- the lane's thread -----------------------------------------------------------------
@@ -158,24 +141,24 @@ class GenerationLane:
                 )
                 if not self._queue:
                     return
-                request = self._queue.popleft()
-                self._running.add(request.id)
+                ticket = self._queue.pop()
+                key = ticket.request.key
+                self._running.add(key)
             try:
-                self._serve(request)
-            except Exception as exc:  # a reply must go out whatever happened; the lane lives
-                self._dedup.release(request.key, None)
-                self._reply_error(request, *wire_error(exc, request_id=request.id))
+                with ticket.hold():  # a reply goes out whatever happens; the lane lives on
+                    self._serve(ticket)
             finally:
                 with self._cond:
-                    self._running.discard(request.id)
-                    self._cancel.discard(request.id)
+                    self._running.discard(key)
+                    self._cancel.discard(key)
                     self._cond.notify_all()
 
-    def _cancelled(self, request_id: str) -> bool:
+    def _cancelled(self, key: proto.RequestKey) -> bool:
         with self._cond:
-            return request_id in self._cancel
+            return key in self._cancel
 
-    def _serve(self, request: proto.Request) -> None:
+    def _serve(self, ticket: Ticket) -> None:
+        request = ticket.request
         given = request.input
         assert isinstance(given, kinds.GenerateInput)  # the worker routes only generate here
         now = self._clock()
@@ -186,43 +169,37 @@ class GenerationLane:
         )
         late = [d for d in (request.deadline_ms, first_deadline) if d is not None and now >= d]
         if late:
-            self._dedup.release(request.key, None)
-            self._reply_error(
-                request,
+            ticket.fail(
                 proto.DEADLINE_EXCEEDED,
                 f"deadline passed {now - min(late):.1f} ms ago in the queue; the model was not run",
             )
             return
         queue_ms = max(0.0, now - request.received_ms)
-        if self._cancelled(request.id):
-            self._finish(request, _Answer(reason="cancelled"), queue_ms)
+        if self._cancelled(request.key):
+            self._finish(ticket, _Answer(reason="cancelled"), queue_ms)
             return
         model = self._models.get(self.name)
         if model is None:
-            self._dedup.release(request.key, None)
-            self._reply_error(
-                request, proto.UNKNOWN_MODEL, f"model {self.name!r} is no longer served"
-            )
+            ticket.fail(proto.UNKNOWN_MODEL, f"model {self.name!r} is no longer served")
             return
-        answer = self._generate(model, request, given, first_deadline)  # errors: _loop
+        answer = self._generate(model, ticket, given, first_deadline)  # errors: the hold
         if answer.reason == "first_token_deadline":
-            self._dedup.release(request.key, None)
-            self._reply_error(
-                request,
+            ticket.fail(
                 proto.DEADLINE_EXCEEDED,
                 f"the first token took {(answer.first_s or 0.0) * 1e3:.1f} ms, after the "
                 "first-token deadline; the generation was stopped",
             )
             return
-        self._finish(request, answer, queue_ms)
+        self._finish(ticket, answer, queue_ms)
 
     def _generate(
         self,
         model: Any,
-        request: proto.Request,
+        ticket: Ticket,
         given: kinds.GenerateInput,
         first_deadline: float | None,
     ) -> _Answer:
+        request = ticket.request
         answer = _Answer()
         remaining_s = (
             None if request.deadline_ms is None else (request.deadline_ms - self._clock()) / 1e3
@@ -251,18 +228,18 @@ class GenerationLane:
                 cut = first_stop(text, stops, emitted)
                 safe = cut if cut is not None else len(text) - held_back(text, stops)
                 if safe > emitted:
-                    self._chunk(request, answer, text[emitted:safe])
+                    self._chunk(ticket, answer, text[emitted:safe])
                     emitted = safe
                 if cut is not None:
                     answer.reason, text = "stop", text[:cut]
                     break
-                if self._cancelled(request.id):
+                if self._cancelled(request.key):
                     answer.reason = "cancelled"
                     break
         finally:
             chunks.close()  # releases the model for the next generation
         if len(text) > emitted and answer.reason != "stop":
-            self._chunk(request, answer, text[emitted:])
+            self._chunk(ticket, answer, text[emitted:])
         answer.text = text
         if answer.reason is None:
             expired = request.deadline_ms is not None and self._clock() >= request.deadline_ms
@@ -270,7 +247,8 @@ class GenerationLane:
             answer.reason = "deadline" if expired else reason
         return answer
 
-    def _chunk(self, request: proto.Request, answer: _Answer, text: str) -> None:
+    def _chunk(self, ticket: Ticket, answer: _Answer, text: str) -> None:
+        request = ticket.request
         if isinstance(request.input, kinds.GenerateInput) and not request.input.stream:
             return  # "stream": false: the final message carries the whole text
         chunk = {
@@ -281,9 +259,10 @@ class GenerationLane:
             "text": text,
         }
         answer.chunks.append(chunk)
-        self._send(request, proto.encode(chunk, fmt=request.fmt))
+        ticket.chunk(proto.encode(chunk, fmt=request.fmt))
 
-    def _finish(self, request: proto.Request, answer: _Answer, queue_ms: float) -> None:
+    def _finish(self, ticket: Ticket, answer: _Answer, queue_ms: float) -> None:
+        request = ticket.request
         model = self._models.get(self.name)
         head = {
             "v": proto.PROTOCOL_VERSION,
@@ -306,9 +285,7 @@ class GenerationLane:
         hint = _empty_answer_hint(request.input, model, answer)
         if hint is not None:
             result["hint"] = hint
-        stored = Stored(head, proto.Body(result), answer.chunks)
-        self._dedup.release(request.key, stored)
-        self._send(request, stored.payload(request.fmt))
+        ticket.answer(Stored(head, proto.Body(result), answer.chunks))
         if self._on_answer is not None:
             self._on_answer(self.name, self._clock() - request.received_ms)
 

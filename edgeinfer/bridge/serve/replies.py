@@ -1,11 +1,15 @@
 """What the bridge remembers about answers: the de-duplication store and the exact reply cache.
 
-``DedupStore`` keys ``(model, id)``: a repeat of a request still pending is dropped (its one
-reply is on the way), a repeat of a finished one is answered from a bounded LRU of recent
-replies — a generation's chunks included — without running the model again. That is what
-makes QoS 1 redelivery and client re-sends answer once.
+``DedupStore`` keys a request's identity, ``(reply address, model, id)``, and keeps each one's
+content digest (``content_digest``: the kind and the whole input). A repeat with the same digest
+is a re-send: dropped while the first is pending (its one reply is on the way), answered from a
+bounded LRU of recent replies — a generation's chunks included — once it finished, without
+running the model again. That is what makes QoS 1 redelivery and client re-sends answer once.
+The same identity with another digest is another request under a used id: it is refused
+(``id_reused``), never answered with the first one's reply. Another client's request with the
+same id has another identity, so it never meets this one's answer.
 
-``ReplyCache`` keys a digest of (package digest, kind, the request's input): a deterministic
+``ReplyCache`` keys a digest of (package digest, the request's content digest): a deterministic
 request seen before is answered in paho's thread from the stored result, without the worker
 hop, the model, or re-encoding the result (``protocol.Body`` keeps its bytes).
 """
@@ -19,7 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, Literal
 
 import numpy as np
 
@@ -27,11 +31,16 @@ from edgeinfer.bridge.wire import kinds
 from edgeinfer.bridge.wire import protocol as proto
 
 __all__ = [
+    "PENDING",
+    "REUSED",
+    "RUN",
+    "Claim",
     "DedupStore",
     "Outgoing",
     "ReplyCache",
     "Stored",
     "cache_key",
+    "content_digest",
     "epoch_ms",
     "success_head",
 ]
@@ -44,12 +53,19 @@ def epoch_ms() -> float:
 
 @dataclass(frozen=True)
 class Outgoing:
-    """One reply to publish: ``topic`` ``None`` means the request named no reply topic."""
+    """One reply to publish: ``topic`` ``None`` means the request named no reply topic.
+
+    ``key`` is the identity of the request it answers (``None``: a message that could not be
+    decoded into one); ``final`` is True for the one reply that ends the request (an answer,
+    an error, a replay), False for a generation's streamed chunks.
+    """
 
     topic: str | None
     payload: bytes
     correlation: bytes | None
     fmt: str
+    key: proto.RequestKey | None
+    final: bool
 
 
 class Stored:
@@ -87,34 +103,45 @@ class Stored:
         return [{**chunk, "replay": True} for chunk in self.chunks]
 
 
+# What ``DedupStore.claim`` says about a request (a finished one's ``Stored`` reply otherwise).
+RUN: Final = "run"  # the identity is now pending: run it, then release it with its reply
+PENDING: Final = "pending"  # a re-send of a request still pending: drop it
+REUSED: Final = "reused"  # the identity is known with other content: refuse it
+Claim = Stored | Literal["run", "pending", "reused"]
+
+
 class DedupStore:
-    """Pending keys and an LRU of finished replies (``size`` entries at most). Thread-safe."""
+    """Pending identities and an LRU of finished replies (``size`` at most), each with its
+    content digest. Thread-safe."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._done: OrderedDict[tuple[str, str], Stored] = OrderedDict()
-        self._pending: set[tuple[str, str]] = set()
+        self._done: OrderedDict[proto.RequestKey, tuple[bytes, Stored]] = OrderedDict()
+        self._pending: dict[proto.RequestKey, bytes] = {}
         self._lock = threading.Lock()
 
-    def claim(self, key: tuple[str, str]) -> Stored | bool:
-        """The stored reply of a finished ``key``; else True when ``key`` is now pending
-        (run it), False when it already was (drop the repeat)."""
+    def claim(self, key: proto.RequestKey, digest: bytes) -> Claim:
+        """The stored reply of a finished re-send; else ``RUN`` (``key`` is now pending),
+        ``PENDING`` (a re-send of a pending one) or ``REUSED`` (other content under ``key``)."""
         with self._lock:
             done = self._done.get(key)
             if done is not None:
+                if done[0] != digest:
+                    return REUSED
                 self._done.move_to_end(key)
-                return done
-            if key in self._pending:
-                return False
-            self._pending.add(key)
-            return True
+                return done[1]
+            pending = self._pending.get(key)
+            if pending is not None:
+                return PENDING if pending == digest else REUSED
+            self._pending[key] = digest
+            return RUN
 
-    def release(self, key: tuple[str, str], reply: Stored | None) -> None:
+    def release(self, key: proto.RequestKey, reply: Stored | None) -> None:
         """``key`` is no longer pending; keep its reply (``None``: forget it, e.g. ``busy``)."""
         with self._lock:
-            self._pending.discard(key)
-            if reply is not None:
-                self._done[key] = reply
+            digest = self._pending.pop(key, None)
+            if reply is not None and digest is not None:
+                self._done[key] = (digest, reply)
                 self._done.move_to_end(key)
                 while len(self._done) > self.size:
                     self._done.popitem(last=False)
@@ -124,10 +151,8 @@ class DedupStore:
             return len(self._done)
 
 
-def cache_key(digest: str, request: proto.Request) -> bytes | None:
-    """The reply-cache key of a deterministic request, or ``None`` (generate, a stream)."""
-    given = request.input
-    h = hashlib.sha256(f"{digest}\0{request.kind}\0{request.encoding}\0".encode())
+def _update_input(h: Any, given: kinds.Input) -> None:
+    """Feed a request's whole input to the hash ``h`` (types and shapes delimit the bytes)."""
     if isinstance(given, kinds.TextInput):
         h.update(json.dumps([given.truncate, given.texts]).encode())
     elif isinstance(given, kinds.ImageInput):
@@ -136,13 +161,41 @@ def cache_key(digest: str, request: proto.Request) -> bytes | None:
                 h.update(f"raw:{image.shape}".encode() + image.tobytes())
             else:
                 h.update(f"{image[0]}:{len(image[1])}".encode() + image[1])
-    elif isinstance(given, kinds.TensorInput) and given.stream is None:
+    elif isinstance(given, kinds.TensorInput):
+        h.update(json.dumps(given.stream).encode())
         for name in sorted(given.feeds):
             array = given.feeds[name]
             h.update(f"{name}:{array.dtype.str}:{array.shape}".encode() + array.tobytes())
+    elif isinstance(given, kinds.GenerateInput):
+        fields = [
+            given.prompt,
+            given.max_new_tokens,
+            given.sampling,
+            given.stop,
+            given.first_token_timeout_ms,
+            given.stream,
+        ]
+        h.update(json.dumps(fields, sort_keys=True).encode())
     else:
-        return None
+        h.update(json.dumps(given.target).encode())
+
+
+def content_digest(request: proto.Request) -> bytes:
+    """What a request asks, as a digest: its kind, vector encoding and whole input (not its
+    id, deadline or reply address). A re-send has the same one."""
+    h = hashlib.sha256(f"{request.kind}\0{request.encoding}\0".encode())
+    _update_input(h, request.input)
     return h.digest()
+
+
+def cache_key(digest: str, request: proto.Request, content: bytes) -> bytes | None:
+    """The reply-cache key of a deterministic request with ``content_digest`` ``content`` on
+    the package of ``digest``, or ``None`` (generate, a stream, cancel)."""
+    given = request.input
+    stream = isinstance(given, kinds.TensorInput) and given.stream is not None
+    if stream or not isinstance(given, kinds.TextInput | kinds.ImageInput | kinds.TensorInput):
+        return None
+    return hashlib.sha256(digest.encode() + b"\0" + content).digest()
 
 
 class ReplyCache:

@@ -52,6 +52,13 @@ class BridgeConfig:
         max_generations: generations running at once per generate model, decoded together
             when the model was loaded with continuous batching (``edgeinfer serve`` loads
             generate packages so); ``None``: two per core, at most 8.
+        max_client_requests: text, image and tensor requests one client (reply address) may
+            have in flight, queued or running; one more is answered ``busy``. ``None``
+            (default): no cap: the queue is already fair (round robin per reply address, and a
+            full queue pushes out the newest request of the client holding the most), and a
+            cap would turn a lone busy device away while the bridge sits idle.
+        max_client_generations: the same per generate model, for generations; ``None``
+            (default): no cap, for the same reason.
         max_streams: device streams of stateful models kept at once (least recent dropped).
         stream_idle_s: a stream without a request for this long starts afresh.
         reply_topics: topic filters a request's reply topic must match (a reply goes where the
@@ -78,6 +85,8 @@ class BridgeConfig:
     reply_cache_bytes: int = 0
     max_generate_queue: int = 4
     max_generations: int | None = None
+    max_client_requests: int | None = None
+    max_client_generations: int | None = None
     max_streams: int = 256
     stream_idle_s: float = 300.0
     reply_topics: tuple[str, ...] = ()
@@ -98,6 +107,12 @@ class BridgeConfig:
         ):
             if not level or TOPIC_LEVEL_BAD & set(level):
                 raise ConfigError(f"{name} must be a non-empty topic level without / + # NUL")
+        for name, cap in (
+            ("max_client_requests", self.max_client_requests),
+            ("max_client_generations", self.max_client_generations),
+        ):
+            if cap is not None and cap < 1:
+                raise ConfigError(f"{name} must be >= 1, or None for no per-client cap")
         if self.qos not in (0, 1):
             raise ConfigError(f"qos must be 0 or 1, got {self.qos}")
         if self.max_payload_bytes < 64:

@@ -1,10 +1,11 @@
 """The bridge's worker: a bounded queue between paho's network thread and the models.
 
-``submit`` (paho's thread) only does cheap things: answer an error, a repeated id (de-dup
-store), a reply-cache hit or an expired deadline; route a generation to its lane
-(``generation.py``) or cancel one; enqueue, or answer ``busy`` when the queue is full. Worker
-threads drop requests that expired while queued, take the model serving the name *now* (a
-deploy swaps models between requests), run it and reply.
+``submit`` (paho's thread) only does cheap things: answer an error, a re-send (de-dup store),
+an id reused for other content, a reply-cache hit or an expired deadline; route a generation to
+its lane (``generation.py``) or cancel one of the same client's; enqueue, fairly across clients
+(``fairness.py``), or answer ``busy``. Worker threads drop requests that expired while queued,
+take the model serving the name *now* (a deploy swaps models between requests), run it and
+reply. Every reply leaves through the request's ``Ticket`` (``guard.py``): exactly one final.
 """
 
 from __future__ import annotations
@@ -12,17 +13,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from edgeinfer.bridge.serve.fairness import FairQueue, enqueue
 from edgeinfer.bridge.serve.generation import GenerationLane
+from edgeinfer.bridge.serve.guard import Hold, Ticket, error_outgoing
 from edgeinfer.bridge.serve.replies import (
+    PENDING,
+    REUSED,
     DedupStore,
     Outgoing,
     ReplyCache,
     Stored,
     cache_key,
+    content_digest,
     epoch_ms,
     success_head,
 )
@@ -36,7 +42,6 @@ from edgeinfer.bridge.serve.serving import (
 from edgeinfer.bridge.serve.stats import ModelStats, percentiles
 from edgeinfer.bridge.wire import kinds
 from edgeinfer.bridge.wire import protocol as proto
-from edgeinfer.bridge.wire.failures import wire_error
 from edgeinfer.errors import ConfigError
 from edgeinfer.runtime.metrics import LatencyWindow
 
@@ -49,12 +54,13 @@ _LATENCY_WINDOW = 4096
 
 
 class Worker:
-    """Bounded queue, worker threads, generation lanes, deadlines, de-duplication, caching.
+    """Fair bounded queue, worker threads, generation lanes, deadlines, de-duplication, caching.
 
     Args:
         models: model name (the topic level) -> model, or a ``ModelTable`` shared with deploy.
         send: publishes one reply; called from paho's thread and from the worker threads.
-        max_queue: requests waiting at most; one more is answered ``busy``.
+        max_queue: requests waiting at most; one more is answered ``busy`` (or pushes out the
+            newest of the client holding the most of the queue, ``fairness.py``).
         dedup_size: recent replies kept to answer repeated ids.
         threads: worker threads (1: models run one request at a time, each on every core).
         clock_ms: epoch-ms clock (deadlines are compared with it).
@@ -64,6 +70,10 @@ class Worker:
         max_generations: generations running at once per generate model (a model loaded
             without continuous batching runs one).
         streams: the live device streams of stateful (tensor) models.
+        max_client_requests: text/image/tensor requests one reply address may have in flight
+            (queued or running); ``None``: no cap (the fair queue alone keeps others served).
+        max_client_generations: generations one reply address may have in flight per
+            generate model; ``None``: no cap.
     """
 
     def __init__(
@@ -79,12 +89,15 @@ class Worker:
         max_generate_queue: int = 4,
         max_generations: int = 1,
         streams: StreamTable | None = None,
+        max_client_requests: int | None = None,
+        max_client_generations: int | None = None,
     ) -> None:
-        limits = (max_queue, dedup_size, threads, max_generate_queue, max_generations)
+        caps = [c for c in (max_client_requests, max_client_generations) if c is not None]
+        limits = (max_queue, dedup_size, threads, max_generate_queue, max_generations, *caps)
         if min(limits) < 1 or reply_cache_bytes < 0:
             raise ConfigError(
-                "max_queue, dedup_size, threads, max_generate_queue and max_generations must "
-                "each be >= 1, reply_cache_bytes >= 0"
+                "max_queue, dedup_size, threads, max_generate_queue, max_generations and the "
+                "per-client caps must each be >= 1, reply_cache_bytes >= 0"
             )
         self.models = models if isinstance(models, ModelTable) else ModelTable(models)
         self._send = send
@@ -92,10 +105,11 @@ class Worker:
         self.max_queue = max_queue
         self.max_generate_queue = max_generate_queue
         self.max_generations = max_generations
+        self.max_client_generations = max_client_generations
         self.streams = streams or StreamTable()
         self.dedup = DedupStore(dedup_size)
         self.reply_cache = ReplyCache(reply_cache_bytes) if reply_cache_bytes else None
-        self._queue: deque[proto.Request] = deque()
+        self._queue: FairQueue[Ticket] = FairQueue(max_queue, max_client=max_client_requests)
         self._ready = threading.Condition()  # guards _queue, _paused, _stopping, _lanes
         self._paused = False
         self._stopping = False
@@ -166,11 +180,9 @@ class Worker:
                 lane = self._lanes[name] = GenerationLane(
                     name,
                     models=self.models,
-                    dedup=self.dedup,
-                    send=self._send_to,
-                    reply_error=self._reply_request_error,
                     max_queue=self.max_generate_queue,
                     max_running=self.max_generations,
+                    max_client=self.max_client_generations,
                     clock_ms=self._clock,
                     on_answer=self.model_stats.record,
                 )
@@ -182,87 +194,76 @@ class Worker:
         """Answer, route or enqueue one decoded message. Cheap; never runs a model."""
         self._count("received")
         if isinstance(item, proto.ErrorReply):
-            self._reply_error(item)
+            self._count(f"error.{item.code}")
+            self._send(error_outgoing(item, key=None))
             return
+        ticket = Ticket(item, send=self._send, count=self._count)
+        with ticket.hold() as hold:
+            self._take(ticket, hold)
+
+    def _take(self, ticket: Ticket, hold: Hold) -> None:
+        """Answer a request now (error, re-send, cached, expired), or pass it on to a queue."""
+        item = ticket.request
         model = self.models.get(item.model)
         if model is None:
-            self._reply_request_error(
-                item,
-                proto.UNKNOWN_MODEL,
-                f"no model {item.model!r} on this bridge; serving {self.models.names()}",
-            )
+            names = self.models.names()
+            message = f"no model {item.model!r} on this bridge; serving {names}"
+            ticket.fail(proto.UNKNOWN_MODEL, message)
             return
         expected = kind_of(model)
         if item.kind == "cancel" and expected == "generate":
-            self._cancel(item)
+            self._cancel(ticket)
             return
         if item.kind != expected:
-            self._reply_request_error(
-                item,
+            ticket.fail(
                 proto.WRONG_KIND,
                 f"{item.model!r} is a {model.task!r} package: it takes {expected!r} requests, "
                 f"not {item.kind!r}",
             )
             return
-        claim = self.dedup.claim(item.key)
+        content = content_digest(item)
+        claim = ticket.claim(self.dedup, content)
         if isinstance(claim, Stored):
             self._count("duplicate_replayed")
-            self._replay(item, claim)
+            quiet = isinstance(item.input, kinds.GenerateInput) and not item.input.stream
+            ticket.replay(claim, chunks=not quiet)  # "stream": false: the final message only
             return
-        if not claim:
+        if claim == PENDING:
             self._count("duplicate_dropped")
+            hold.pass_on()  # a re-send of a request still pending: the first's reply answers it
             return
-        try:  # the id is claimed: whatever happens now, release it with one reply
-            self._dispatch(item, model)
-        except Exception as exc:
-            self._fail(item, exc)
-
-    def _dispatch(self, item: proto.Request, model: ServedModel) -> None:
-        """Answer a claimed request now (expired, cached), queue it, or answer ``busy``."""
+        if claim == REUSED:
+            ticket.fail(
+                proto.ID_REUSED,
+                f"id {item.id!r} was already used for a different request from this reply "
+                "address; send each new request with a fresh id",
+            )
+            return
         if item.deadline_ms is not None and self._clock() >= item.deadline_ms:
-            self.dedup.release(item.key, None)
-            self._reply_expired(item)
+            self._fail_expired(ticket)
             return
-        if self._answer_from_cache(item, model):
+        if self._answer_from_cache(ticket, model, content):
             return
         if item.kind == "generate":
-            queued = not self._stopping and self.lane(item.model).submit(item)
-            limit = self.max_generate_queue
-        else:
-            with self._ready:
-                queued = len(self._queue) < self.max_queue and not self._stopping
-                if queued:
-                    self._queue.append(item)
-                    self._ready.notify()
-            limit = self.max_queue
-        if not queued:
-            self.dedup.release(item.key, None)
-            self._reply_request_error(
-                item, proto.BUSY, f"queue full ({limit} waiting); retry later"
-            )
+            self.lane(item.model).submit(ticket, hold)
+            return
+        enqueue(self._queue, self._ready, ticket, hold, closed=lambda: self._stopping)
 
-    def _cancel(self, item: proto.Request) -> None:
+    def _cancel(self, ticket: Ticket) -> None:
+        """Cancel a generation of the same client (reply address): another's is ``unknown``."""
+        item = ticket.request
         target = getattr(item.input, "target", "")
-        state = self.lane(item.model).cancel(target)
+        state = self.lane(item.model).cancel((item.reply_to or "", item.model, target))
         self._count("cancel")
         head = {"v": proto.PROTOCOL_VERSION, "id": item.id, "ok": True, "model": item.model}
-        body = proto.Body({"cancelled": target, "state": state})
-        self._send_to(item, proto.encode_reply(head, body, fmt=item.fmt))
+        ticket.answer(Stored(head, proto.Body({"cancelled": target, "state": state})))
 
-    def _replay(self, item: proto.Request, stored: Stored) -> None:
-        """A finished request's reply (a streamed generation's chunks first), to the repeat's
-        topic, marked ``"replay": true``."""
-        quiet = isinstance(item.input, kinds.GenerateInput) and not item.input.stream
-        if not quiet:  # "stream": false asked for the final message only
-            for chunk in stored.replayed_chunks():
-                self._send_to(item, proto.encode(chunk, fmt=item.fmt))
-        self._send_to(item, stored.payload(item.fmt, replay=True))
-
-    def _answer_from_cache(self, item: proto.Request, model: ServedModel) -> bool:
+    def _answer_from_cache(self, ticket: Ticket, model: ServedModel, content: bytes) -> bool:
         """Answer a repeated deterministic request from the reply cache; True when it did."""
         if self.reply_cache is None:
             return False
-        key = cache_key(str(model.manifest.digest), item)
+        item = ticket.request
+        key = cache_key(str(model.manifest.digest), item, content)
         hit = None if key is None else self.reply_cache.get(key)
         if hit is None:
             return False
@@ -270,13 +271,11 @@ class Worker:
         head = success_head(
             item, fields, cached=True, queue_ms=0.0, compute_ms=0.0, now_ms=self._clock()
         )
-        stored = Stored(head, body)
-        self.dedup.release(item.key, stored)
         with self._lock:
             self.counts["ok"] += 1
             self.counts["cached"] += 1
             self.counts["reply_cache_hit"] += 1
-        self._send_to(item, stored.payload(item.fmt))
+        ticket.answer(Stored(head, body))
         return True
 
     def _loop(self) -> None:
@@ -287,24 +286,19 @@ class Worker:
                 )
                 if not self._queue:
                     return  # stopping, and nothing left to serve
-                request = self._queue.popleft()
-            try:
-                self._serve(request)
-            except Exception as exc:  # a reply must go out whatever happened; the thread lives
-                self._fail(request, exc)
+                ticket = self._queue.pop()
+            with ticket.hold():  # a reply goes out whatever happens; the thread lives on
+                self._serve(ticket)
 
-    def _serve(self, request: proto.Request) -> None:
+    def _serve(self, ticket: Ticket) -> None:
+        request = ticket.request
         started = self._clock()
         if request.deadline_ms is not None and started >= request.deadline_ms:
-            self.dedup.release(request.key, None)
-            self._reply_expired(request)
+            self._fail_expired(ticket)
             return
         model = self.models.get(request.model)  # taken once: the whole answer is this model's
         if model is None:
-            self.dedup.release(request.key, None)
-            self._reply_request_error(
-                request, proto.UNKNOWN_MODEL, f"model {request.model!r} is no longer served"
-            )
+            ticket.fail(proto.UNKNOWN_MODEL, f"model {request.model!r} is no longer served")
             return
         t0 = time.perf_counter()
         outcome = run_request(request.model, model, request, self.streams)
@@ -324,9 +318,10 @@ class Worker:
             compute_ms=compute_ms,
             now_ms=self._clock(),
         )
-        key = None if self.reply_cache is None else cache_key(str(model.manifest.digest), request)
-        if self.reply_cache is not None and key is not None:
-            self.reply_cache.put(key, fields, outcome.body)
+        if self.reply_cache is not None and ticket.digest is not None:
+            key = cache_key(str(model.manifest.digest), request, ticket.digest)
+            if key is not None:
+                self.reply_cache.put(key, fields, outcome.body)
         with self._lock:
             self.counts["ok"] += 1
             self.counts["cached"] += int(outcome.cached)
@@ -334,44 +329,13 @@ class Worker:
             self._latency["compute_ms"].record(compute_ms)
             self._latency["total_ms"].record(finished - request.received_ms)
         self.model_stats.record(request.model, finished - request.received_ms)
-        stored = Stored(head, outcome.body)
-        self.dedup.release(request.key, stored)
-        self._send_to(request, stored.payload(request.fmt))
+        ticket.answer(Stored(head, outcome.body))
 
-    def _fail(self, request: proto.Request, exc: Exception) -> None:
-        """Answer ``request`` with the error ``exc`` maps to; its id may be asked again."""
-        self.dedup.release(request.key, None)
-        code, message = wire_error(exc, request_id=request.id)
-        self._reply_request_error(request, code, message)
-
-    def _send_to(self, request: proto.Request, payload: bytes) -> None:
-        self._send(Outgoing(request.reply_to, payload, request.correlation, request.fmt))
-
-    def _reply_request_error(self, request: proto.Request, code: str, message: str) -> None:
-        self._reply_error(
-            proto.ErrorReply(
-                code,
-                message,
-                id=request.id,
-                model=request.model,
-                reply_to=request.reply_to,
-                correlation=request.correlation,
-                fmt=request.fmt,
-            )
+    def _fail_expired(self, ticket: Ticket) -> None:
+        late_ms = self._clock() - (ticket.request.deadline_ms or 0.0)
+        ticket.fail(
+            proto.DEADLINE_EXCEEDED, f"deadline passed {late_ms:.1f} ms ago; the model was not run"
         )
-
-    def _reply_expired(self, request: proto.Request) -> None:
-        late_ms = self._clock() - (request.deadline_ms or 0.0)
-        self._reply_request_error(
-            request,
-            proto.DEADLINE_EXCEEDED,
-            f"deadline passed {late_ms:.1f} ms ago; the model was not run",
-        )
-
-    def _reply_error(self, error: proto.ErrorReply) -> None:
-        self._count(f"error.{error.code}")
-        payload = proto.encode(error.to_dict(), fmt=error.fmt)
-        self._send(Outgoing(error.reply_to, payload, error.correlation, error.fmt))
 
     def _count(self, name: str) -> None:
         with self._lock:
@@ -384,7 +348,7 @@ class Worker:
             summaries = {k: v.summary() for k, v in self._latency.items()}
         with self._ready:
             lanes = {name: lane.depth for name, lane in self._lanes.items()}
-            queued = Counter(request.model for request in self._queue)  # at most max_queue
+            queued = Counter(t.request.model for t in self._queue)  # at most max_queue
         ok = counts.get("ok", 0)
         return {
             "counts": counts,

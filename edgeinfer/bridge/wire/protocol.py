@@ -44,6 +44,7 @@ __all__ = [
     "CONTENT_MSGPACK",
     "DEADLINE_EXCEEDED",
     "ERROR_CODES",
+    "ID_REUSED",
     "INTERNAL",
     "MAX_ID_CHARS",
     "PAYLOAD_TOO_LARGE",
@@ -53,6 +54,7 @@ __all__ = [
     "Body",
     "ErrorReply",
     "Request",
+    "RequestKey",
     "decode_reply",
     "decode_request",
     "encode",
@@ -72,6 +74,7 @@ WRONG_KIND: Final = "wrong_kind"
 DEADLINE_EXCEEDED: Final = "deadline_exceeded"
 BUSY: Final = "busy"
 CANCELLED: Final = "cancelled"
+ID_REUSED: Final = "id_reused"
 INTERNAL: Final = "internal"
 ERROR_CODES: Final = (
     BAD_REQUEST,
@@ -81,6 +84,7 @@ ERROR_CODES: Final = (
     DEADLINE_EXCEEDED,
     BUSY,
     CANCELLED,
+    ID_REUSED,
     INTERNAL,
 )
 
@@ -100,12 +104,18 @@ def wire_format(content_type: str | None) -> str:
     return "json"
 
 
+# A request's identity: (reply address, model, id). Two clients' ids never meet: each client
+# reads only its own reply topic, so the reply address tells the clients apart.
+RequestKey = tuple[str, str, str]
+
+
 @dataclass(frozen=True)
 class Request:
     """One decoded request.
 
     Attributes:
-        id: the caller's request id (the de-duplication key, echoed in the reply).
+        id: the caller's request id (echoed in the reply; with ``reply_to`` and ``model``, the
+            request's identity ``key``).
         model: the model name from the topic.
         kind: ``text``, ``image``, ``tensor``, ``generate`` or ``cancel``.
         input: the kind's input (``kinds.TextInput``, ...).
@@ -129,9 +139,10 @@ class Request:
     encoding: str = SHORTEST
 
     @property
-    def key(self) -> tuple[str, str]:
-        """The de-duplication key: ``(model, id)``."""
-        return (self.model, self.id)
+    def key(self) -> RequestKey:
+        """The request's identity: ``(reply_to, model, id)``, never the id alone (another
+        client's request with the same id is another request)."""
+        return (self.reply_to or "", self.model, self.id)
 
 
 @dataclass(frozen=True)
