@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from edgeinfer.bridge.connection import Connection, parse_broker_url
 from edgeinfer.bridge.wire import kinds
 from edgeinfer.bridge.wire import protocol as proto
+from edgeinfer.bridge.wire.arrays import vectors_json
 from edgeinfer.bridge.wire.kinds import MAX_TEXTS, TextInput
 from edgeinfer.errors import ConfigError
 
@@ -239,3 +241,20 @@ def test_generate_stream_and_chat_flags() -> None:
             json.dumps({**base, **bad}).encode(), model="m", max_payload_bytes=4096, received_ms=0.0
         )
         assert isinstance(refused, proto.ErrorReply) and refused.code == "bad_request"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), max_size=40),
+        max_size=3,
+    )
+)
+def test_shortest_vectors_are_each_float32s_shortest_form(rows: list[list[float]]) -> None:
+    arrays_in = [np.asarray(row, np.float32) for row in rows]
+    text = vectors_json(arrays_in, encoding="shortest")
+    parsed = json.loads(text)
+    for row, back in zip(arrays_in, parsed, strict=True):
+        np.testing.assert_array_equal(np.asarray(back, np.float32), row)  # the same float32s
+    expected = ",".join("[" + ",".join(str(v) for v in row) + "]" for row in arrays_in)
+    assert text.decode() == f"[{expected}]"  # numpy's shortest repr, uncut

@@ -18,8 +18,7 @@ from __future__ import annotations
 import threading
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from edgeinfer.bridge.serve.guard import Hold, Ticket
 from edgeinfer.bridge.wire import protocol as proto
@@ -29,8 +28,7 @@ __all__ = ["Admission", "FairQueue", "enqueue"]
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Admission(Generic[T]):
+class Admission(NamedTuple, Generic[T]):
     """What ``push`` did: ``queued`` or not (``capped``: the client's cap refused it), and
     the item it pushed out to make room."""
 
@@ -50,16 +48,18 @@ class FairQueue(Generic[T]):
         self._length = 0
 
     def push(self, client: str, item: T) -> Admission[T]:
-        """Queue ``item`` of ``client`` (in flight until ``done(client)``), pushing out the
-        longest client's newest item when full; not queued: the caller answers ``busy``."""
-        if self.max_client is not None and self._inflight[client] >= self.max_client:
-            return Admission(False, capped=True)
+        """Queue ``item`` of ``client`` (with a cap: in flight until ``done(client)``), pushing
+        out the longest client's newest item when full; not queued: the caller answers
+        ``busy``."""
+        cap = self.max_client
+        if cap is not None and self._inflight[client] >= cap:
+            return _CAPPED
         pushed_out = None
         if self._length >= self.max_items:
             mine = len(self._clients.get(client, ()))
             longest = max(self._clients, key=lambda c: len(self._clients[c]), default=None)
             if longest is None or len(self._clients[longest]) <= mine + 1:
-                return Admission(False)  # no one holds more than its fair share
+                return _REFUSED  # no one holds more than its fair share
             pushed_out = self._clients[longest].pop()
             self._length -= 1
         waiting = self._clients.get(client)
@@ -67,8 +67,9 @@ class FairQueue(Generic[T]):
             waiting = self._clients[client] = deque()
         waiting.append(item)
         self._length += 1
-        self._inflight[client] += 1
-        return Admission(True, pushed_out)
+        if cap is not None:
+            self._inflight[client] += 1
+        return Admission(True, pushed_out) if pushed_out is not None else _QUEUED
 
     def pop(self) -> T:
         """The next item, round robin over the clients (``IndexError`` when empty)."""
@@ -82,7 +83,7 @@ class FairQueue(Generic[T]):
         return item
 
     def done(self, client: str) -> None:
-        """One of ``client``'s items is answered: it is no longer in flight."""
+        """One of ``client``'s items is answered: it is no longer in flight (with a cap)."""
         left = self._inflight[client] - 1
         if left > 0:
             self._inflight[client] = left
@@ -112,10 +113,11 @@ def enqueue(
     ``busy``. A ticket pushed out to make room is answered ``busy`` too."""
     client = ticket.client
     with cond:
-        admission: Admission[Ticket] = Admission(False) if closed() else queue.push(client, ticket)
+        admission: Admission[Ticket] = _REFUSED if closed() else queue.push(client, ticket)
         if admission.queued:
             hold.pass_on()
-            ticket.on_final(lambda: _finished(queue, cond, client))  # no taker before notify
+            if queue.max_client is not None:  # counted in flight: uncounted when answered
+                ticket.on_final(lambda: _finished(queue, cond, client))  # no taker yet
             cond.notify_all()
     if admission.pushed_out is not None:
         admission.pushed_out.fail(
@@ -131,6 +133,11 @@ def enqueue(
         )
     elif not admission.queued:
         ticket.fail(proto.BUSY, f"queue full ({queue.max_items} waiting); retry later")
+
+
+_QUEUED: Admission[Any] = Admission(True)
+_REFUSED: Admission[Any] = Admission(False)
+_CAPPED: Admission[Any] = Admission(False, capped=True)
 
 
 def _finished(queue: FairQueue[Ticket], cond: threading.Condition, client: str) -> None:

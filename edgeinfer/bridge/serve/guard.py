@@ -152,10 +152,8 @@ class Ticket:
             self._store.release(self.request.key, kept)
         try:
             self._send(out)
-        finally:
-            with self._lock:
-                callbacks, self._callbacks = self._callbacks, []
-            for callback in callbacks:
+        finally:  # no callback is added once done is set (on_final then runs it at once)
+            for callback in self._callbacks:
                 callback()
 
     def _publish(self, payload: bytes, *, final: bool) -> None:

@@ -22,8 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 import numpy as np
 
@@ -51,9 +50,10 @@ def epoch_ms() -> float:
     return time.time() * 1e3
 
 
-@dataclass(frozen=True)
-class Outgoing:
+class Outgoing(NamedTuple):
     """One reply to publish: ``topic`` ``None`` means the request named no reply topic.
+    (A named tuple: one is made per reply and per chunk, a third of a frozen dataclass's
+    cost.)
 
     ``key`` is the identity of the request it answers (``None``: a message that could not be
     decoded into one); ``final`` is True for the one reply that ends the request (an answer,
@@ -153,8 +153,8 @@ class DedupStore:
 
 def _update_input(h: Any, given: kinds.Input) -> None:
     """Feed a request's whole input to the hash ``h`` (types and shapes delimit the bytes)."""
-    if isinstance(given, kinds.TextInput):
-        h.update(json.dumps([given.truncate, given.texts]).encode())
+    if isinstance(given, kinds.TextInput):  # a tuple's repr delimits its strings
+        h.update(repr((given.truncate, given.texts)).encode())
     elif isinstance(given, kinds.ImageInput):
         for image in given.images:
             if isinstance(image, np.ndarray):

@@ -117,8 +117,10 @@ def vectors_json(rows: list[np.ndarray], *, encoding: str) -> bytes:
         values = np.asarray(row, np.float32)
         if not np.isfinite(values).all():
             raise ValueError("a vector holds NaN or infinite values: not representable in JSON")
-        parts.append("[" + ",".join(values.astype(str).tolist()) + "]")
-    return ("[" + ",".join(parts) + "]").encode("ascii")
+        # Straight to ASCII bytes (no str objects): a float32's shortest form is at most 15
+        # characters (sign, 9 digits, point, a 4-character exponent), so 16 never cuts one.
+        parts.append(b"[" + b",".join(values.astype("S16").tolist()) + b"]")
+    return b"[" + b",".join(parts) + b"]"
 
 
 def vectors_value(rows: list[np.ndarray], *, encoding: str) -> list[Any]:
