@@ -13,10 +13,12 @@ counts, time to first token, tokens/s and the stop reason: ``eos``, ``stop`` (a 
 Deadlines: a request whose whole-answer deadline or first-token deadline passed in the queue
 is answered ``deadline_exceeded`` without running; a first token that comes after its
 deadline stops the generation with ``deadline_exceeded``; the whole-answer deadline ends the
-generation where it is (``stop_reason: deadline``, the text so far). ``cancel`` by id stops a
-queued generation of the same client (reply address) before it runs and a running one at its
-next token; another client's generation of that id is not touched. Every reply goes through
-the request's ``Ticket`` (``guard.py``).
+generation where it is (``stop_reason: deadline``, the text so far). The runtime decides every
+stop reason but ``cancelled`` once, at the token that ended the generation, and the stream's
+last chunk carries it: the lane passes ``stop=`` and the deadline down and reads it. ``cancel``
+by id stops a queued generation of the same client (reply address) before it runs and a
+running one at its next token (closing its stream); another client's generation of that id is
+not touched. Every reply goes through the request's ``Ticket`` (``guard.py``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from edgeinfer.bridge.serve.serving import ModelTable
 from edgeinfer.bridge.wire import kinds
 from edgeinfer.bridge.wire import protocol as proto
 from edgeinfer.config import SamplingConfig
-from edgeinfer.runtime.generate.streaming import first_stop, held_back
+from edgeinfer.errors import InferenceError
 
 __all__ = ["GenerationLane"]
 
@@ -199,52 +201,48 @@ class GenerationLane:
         given: kinds.GenerateInput,
         first_deadline: float | None,
     ) -> _Answer:
+        """Stream the model's answer out as chunks. The runtime cuts the stop strings, keeps
+        the whole-answer deadline and decides the finish reason once, on the last chunk; the
+        bridge keeps the first-token deadline and cancels by closing the stream."""
         request = ticket.request
         answer = _Answer()
         remaining_s = (
             None if request.deadline_ms is None else (request.deadline_ms - self._clock()) / 1e3
         )
-        sampling = SamplingConfig(**dict(given.sampling or {}))
-        stops = list(given.stop)
         self.generations += 1
         started = time.perf_counter()
-        text, emitted = "", 0
         chunks = model.stream(
             given.prompt if isinstance(given.prompt, str) else list(given.prompt),
             max_new_tokens=given.max_new_tokens,
-            sampling=sampling,
-            timeout_s=remaining_s,
+            sampling=SamplingConfig(**dict(given.sampling or {})),
+            stop=list(given.stop),
+            timeout_s=None if remaining_s is None else max(remaining_s, 0.0),
         )
+        texts: list[str] = []
         try:
             for chunk in chunks:
-                answer.tokens += len(chunk.token_ids)
-                answer.last_s = time.perf_counter() - started
-                if answer.first_s is None:
+                if chunk.token_ids:
+                    answer.tokens += len(chunk.token_ids)
+                    answer.last_s = time.perf_counter() - started
+                if answer.first_s is None and chunk.token_ids:
                     answer.first_s = answer.last_s
                     if first_deadline is not None and self._clock() > first_deadline:
                         answer.reason = "first_token_deadline"
                         return answer
-                text += chunk.text
-                cut = first_stop(text, stops, emitted)
-                safe = cut if cut is not None else len(text) - held_back(text, stops)
-                if safe > emitted:
-                    self._chunk(ticket, answer, text[emitted:safe])
-                    emitted = safe
-                if cut is not None:
-                    answer.reason, text = "stop", text[:cut]
+                if chunk.text:
+                    texts.append(chunk.text)
+                    self._chunk(ticket, answer, chunk.text)
+                answer.reason = chunk.finish_reason
+                if answer.reason is not None:
                     break
                 if self._cancelled(request.key):
                     answer.reason = "cancelled"
                     break
         finally:
-            chunks.close()  # releases the model for the next generation
-        if len(text) > emitted and answer.reason != "stop":
-            self._chunk(ticket, answer, text[emitted:])
-        answer.text = text
+            chunks.close()  # cancels the sequence when it has not ended; frees its slot
         if answer.reason is None:
-            expired = request.deadline_ms is not None and self._clock() >= request.deadline_ms
-            reason = "length" if answer.tokens >= given.max_new_tokens else "eos"
-            answer.reason = "deadline" if expired else reason
+            raise InferenceError("the model's stream ended without a finish reason")
+        answer.text = "".join(texts)
         return answer
 
     def _chunk(self, ticket: Ticket, answer: _Answer, text: str) -> None:
