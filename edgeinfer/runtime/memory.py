@@ -67,6 +67,7 @@ class Mapping(NamedTuple):
     end: int
     path: str  # the mapped file's path; "" for anonymous memory
     private: bool
+    file: tuple[int, int]  # the mapped file's (device, inode); (0, 0) for anonymous memory
     rss_bytes: int  # resident
     anonymous_bytes: int  # resident and private to this process: written, or never a file's
 
@@ -74,7 +75,7 @@ class Mapping(NamedTuple):
 def mappings() -> list[Mapping]:
     """This process's mappings with their resident sizes; empty where there is no smaps."""
     found: list[Mapping] = []
-    header: tuple[int, int, str, bool] | None = None
+    header: tuple[int, int, str, bool, tuple[int, int]] | None = None
     rss_kib = 0
     try:
         with open("/proc/self/smaps") as smaps:
@@ -83,7 +84,9 @@ def mappings() -> list[Mapping]:
                 if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
                     start, end = (int(x, 16) for x in fields[0].split("-"))
                     name = fields[5].rstrip("\n") if len(fields) == 6 else ""
-                    header = (start, end, name, fields[1].endswith("p"))
+                    major, minor = (int(x, 16) for x in fields[3].split(":"))
+                    file = (os.makedev(major, minor), int(fields[4]))
+                    header = (start, end, name, fields[1].endswith("p"), file)
                 elif header is not None and fields[0] == "Rss:":
                     rss_kib = int(fields[1])
                 elif header is not None and fields[0] == "Anonymous:":
@@ -95,16 +98,18 @@ def mappings() -> list[Mapping]:
 
 
 def drop_file_pages(path: Path) -> int:
-    """Drop the resident pages of this process's unwritten mappings of ``path``; returns the
-    number of mappings dropped."""
+    """Drop the resident pages of this process's unwritten mappings of the file ``path``
+    names (by its path, or by device and inode: the mapping may have been made through
+    another name of it, a hard link since removed); returns the number of mappings dropped."""
     madvise = getattr(_libc(), "madvise", None)
     if madvise is None or not path.is_file():
         return 0
-    target = os.path.realpath(path)
+    found = path.stat()
+    target, named = (found.st_dev, found.st_ino), os.path.realpath(path)
     ranges = [
         (m.start, m.end)
         for m in mappings()
-        if m.path == target and m.private and m.anonymous_bytes == 0
+        if (m.file == target or m.path == named) and m.private and m.anonymous_bytes == 0
     ]
     for start, end in ranges:
         for advice in (_MADV_RANDOM, _MADV_DONTNEED):

@@ -60,20 +60,23 @@ def mark_profile_start(session: Any, options: Any) -> None:
 
 def open_session(graph: Path, *, providers: list[str], config: RuntimeConfig) -> tuple[Any, Path]:
     """An onnxruntime ``InferenceSession`` of the package graph ``graph`` (its file-backed
-    prepacked copy when ``config`` asks, ``runtime.prepacked``), and the file it loaded.
+    prepacked copy when ``config`` asks, ``runtime.prepacked``), and the file it loaded (by the
+    name that outlasts the load: the session maps the ``.data`` file beside it).
     onnxruntime's own exceptions pass through: the caller says which package failed."""
     import onnxruntime as ort
 
-    loaded = prepacked.graph_to_load(
+    with prepacked.graph_to_load(
         graph,
         providers=providers,
         config=config,
         options=lambda: session_options(config, graph=graph),
-    )
-    options = session_options(config, graph=graph, optimized=loaded != graph)
-    session = ort.InferenceSession(
-        str(loaded), providers=with_options(providers, package=graph.parent), sess_options=options
-    )
+    ) as (to_open, loaded):
+        options = session_options(config, graph=graph, optimized=loaded != graph)
+        session = ort.InferenceSession(
+            str(to_open),
+            providers=with_options(providers, package=graph.parent),
+            sess_options=options,
+        )
     mark_profile_start(session, options)
     return session, loaded
 

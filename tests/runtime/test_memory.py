@@ -3,6 +3,7 @@ page written through a private mapping is never dropped."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -51,3 +52,17 @@ def test_release_heap_returns_freed_memory() -> None:
     memory.release_heap()
     assert before - _anon_rss_kb() >= 20 * 1024  # the freed pages between the kept blocks
     assert len(kept) == 100
+
+
+def test_a_mapping_made_through_a_removed_hard_link_is_dropped_by_the_other_name(
+    tmp_path: Path,
+) -> None:
+    kept = tmp_path / "weights.bin"
+    np.arange(4 * 2**20, dtype=np.uint8).tofile(kept)
+    (tmp_path / "private").mkdir()
+    link = tmp_path / "private" / "weights.bin"
+    os.link(kept, link)  # as runtime.prepacked hands onnxruntime a checked link
+    mapped = np.memmap(link, dtype=np.uint8, mode="c")
+    assert int(mapped[::4096].sum(dtype=np.int64)) >= 0  # pages read
+    link.unlink()
+    assert memory.drop_file_pages(kept) == 1

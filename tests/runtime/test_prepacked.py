@@ -1,7 +1,10 @@
 """File-backed prepacks (``RuntimeConfig(file_backed_prepacks=True)``): the first load writes
 the graph with this CPU's prepacks into the cache, later loads map it, the answers are the
 package's own; an entry made for another CPU or onnxruntime is never read, a damaged one is
-rebuilt, and a cache that cannot be written leaves the package's graph loading."""
+rebuilt, and a cache that cannot be written leaves the package's graph loading. A cache cannot
+change what a verified package computes: another package's entry copied over this one's, a
+file swapped between the check and the load, links in place of the folder or an entry
+(tests/runtime/test_prepacked_integrity.py)."""
 
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ def _greedy(package: Path, config: edgeinfer.RuntimeConfig) -> tuple[int, ...]:
 
 
 def _entries(cache: Path) -> list[Path]:
-    return sorted(p for p in cache.iterdir() if not p.name.startswith("."))
+    return sorted(p for p in cache.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def test_the_first_load_writes_the_prepacks_and_later_loads_map_them(
@@ -53,6 +56,7 @@ def test_the_first_load_writes_the_prepacks_and_later_loads_map_them(
     built = (entry / "model.onnx.data").stat().st_ino
     assert _greedy(tiny_package, _config(tmp_path)) == plain
     assert _entries(tmp_path) == [entry] and (entry / "model.onnx.data").stat().st_ino == built
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no link folder left
 
 
 def test_an_entry_made_for_another_cpu_is_never_read(
@@ -74,6 +78,7 @@ def test_a_damaged_entry_is_built_again(
     plain = _greedy(tiny_package, _config(tmp_path))
     [entry] = _entries(tmp_path)
     data = entry / "model.onnx.data"
+    data.chmod(0o644)  # the cache keeps its files read-only
     with data.open("r+b") as f:  # one flipped byte, the size unchanged
         f.seek(data.stat().st_size // 2)
         byte = f.read(1)
@@ -81,7 +86,7 @@ def test_a_damaged_entry_is_built_again(
         f.write(bytes([byte[0] ^ 0xFF]))
     with caplog.at_level(logging.WARNING, logger="edgeinfer.runtime.prepacked"):
         assert _greedy(tiny_package, _config(tmp_path)) == plain
-    assert "damaged" in caplog.text
+    assert "cannot be used (model.onnx.data's sha256 differs" in caplog.text
     record = json.loads((entry / "entry.json").read_text())
     from edgeinfer.manifest import sha256_file
 
@@ -97,7 +102,7 @@ def test_a_cache_that_cannot_be_written_loads_the_package_graph(
     plain = edgeinfer.load(fast_encoder, config=edgeinfer.RuntimeConfig(threads=1)).embed(texts)
     with caplog.at_level(logging.WARNING, logger="edgeinfer.runtime.prepacked"):
         model = edgeinfer.load(fast_encoder, config=_config(blocked / "cache"))
-    assert "cannot write prepacked weights" in caplog.text
+    assert "cannot use prepacked weights" in caplog.text
     np.testing.assert_array_equal(model.embed(texts), plain)
 
 
