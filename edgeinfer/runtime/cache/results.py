@@ -4,9 +4,15 @@ Key: sha256 over a format tag, the package digest, the task, every output-changi
 and the normalized input (token ids for text; dtype, shape and raw bytes for any array). Only
 deterministic requests may be cached; embed and classify always are.
 
-An in-memory LRU in front of an optional SQLite file (``runtime/result_stores.py``); values
-are encoded for disk by the task's ``Codec`` (``runtime/tasks.py``). The cache never fails
-inference: a store error is logged and read as a miss.
+An in-memory LRU in front of an optional SQLite file (``stores.py``); values are encoded for
+disk by the task's ``Codec`` (``runtime/tasks.py``). The cache never fails inference: a store
+error is logged and read as a miss.
+
+A row of the SQLite file is served only if it was written on this device: its value carries an
+HMAC-SHA256 tag under the cache folder's device key (``integrity.py``) over the row's key
+(itself the digest of this package, task, parameters and input) and the encoded value, so a
+row written by anyone without the key (another account, a file copied from another device,
+another package's answer under this input's key) is a miss, and is deleted.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from edgeinfer.config import CacheConfig
 from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import TextEncoderIO
+from edgeinfer.runtime.cache.integrity import TAG_BYTES, CacheKey
 from edgeinfer.runtime.cache.stores import (
     MemoryStore,
     SqliteStore,
@@ -36,7 +43,9 @@ log = logging.getLogger(__name__)
 
 V = TypeVar("V")
 # Bump when the encoding of stored values changes: old entries then simply never match.
-KEY_FORMAT = b"edgeinfer-result-v1"
+# v2: a value on disk starts with its tag.
+KEY_FORMAT = b"edgeinfer-result-v2"
+_PURPOSE = "result"  # what a row's tag is for (integrity.py)
 # Token ids are hashed as little-endian int64 whatever integer type the graph takes.
 _TOKEN_DTYPE = np.dtype("<i8")
 
@@ -75,13 +84,15 @@ class ResultCache(Generic[V]):
         self.memory: MemoryStore[V] = MemoryStore(
             capacity_bytes=config.memory_bytes, ttl_s=config.ttl_s
         )
-        self.disk = (
-            SqliteStore(
-                config.db_path(digest), capacity_bytes=config.disk_bytes, ttl_s=config.ttl_s
-            )
-            if config.persist
-            else None
-        )
+        self.disk: SqliteStore | None = None
+        if config.persist:
+            path = config.db_path(digest)
+            try:
+                self._tags = CacheKey.of_folder(path.parent)
+            except (ConfigError, OSError) as exc:  # a key that cannot be trusted, or made
+                log.warning("result cache: %s; running without the SQLite file", exc)
+            else:
+                self.disk = SqliteStore(path, capacity_bytes=config.disk_bytes, ttl_s=config.ttl_s)
 
     @classmethod
     def for_package(cls, manifest: Manifest, *, config: CacheConfig) -> ResultCache[Any]:
@@ -127,12 +138,20 @@ class ResultCache(Generic[V]):
         stored = self.disk.get(key)
         if stored is None:
             return None
+        tag, encoded = stored[0][:TAG_BYTES], stored[0][TAG_BYTES:]
+        if not self._tags.verify(tag, _PURPOSE, key, encoded):
+            log.warning(
+                "result cache %s: a row not written with this device's key was deleted",
+                self.disk.path,
+            )
+            self.disk.delete(key)
+            return None
         try:
-            value = self._codec.decode(stored[0])
-        except (ValueError, KeyError, TypeError) as exc:  # a foreign or damaged row: a miss
+            value = self._codec.decode(encoded)
+        except (ValueError, KeyError, TypeError) as exc:  # a damaged row of ours: a miss
             log.warning("result cache: undecodable entry ignored: %s", exc)
             return None
-        self.memory.put_many([(key, value, len(stored[0]))], stored_s=stored[1])
+        self.memory.put_many([(key, value, len(encoded))], stored_s=stored[1])
         return value, "disk"
 
     def put_many(self, items: Sequence[tuple[bytes, V]]) -> None:
@@ -141,7 +160,8 @@ class ResultCache(Generic[V]):
         encoded = [(key, value, self._codec.encode(value)) for key, value in items]
         self.memory.put_many([(k, v, len(e)) for k, v, e in encoded], stored_s=now)
         if self.disk is not None:
-            self.disk.put_many([(k, e, len(e)) for k, _, e in encoded], stored_s=now)
+            tagged = [(k, self._tags.tag(_PURPOSE, k, e) + e) for k, _, e in encoded]
+            self.disk.put_many([(k, t, len(t)) for k, t in tagged], stored_s=now)
 
     def clear(self) -> None:
         """Empty both tiers."""

@@ -289,6 +289,12 @@ class SqliteStore:
                 break
         conn.executemany("DELETE FROM entries WHERE key = ?", doomed)
 
+    def delete(self, key: bytes) -> None:
+        """Remove the entry of ``key``, if there is one."""
+        with self._guard("delete") as conn:
+            if conn is not None:
+                conn.execute("DELETE FROM entries WHERE key = ?", (key,))
+
     def clear(self) -> None:
         """Delete every entry and give the space back to the file system."""
         with self._guard("clear") as conn:
