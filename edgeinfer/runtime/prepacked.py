@@ -60,7 +60,7 @@ from typing import Any
 from edgeinfer.config import RuntimeConfig, default_cache_dir
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime import memory
-from edgeinfer.runtime.cache.integrity import CacheKey, check_private_folder
+from edgeinfer.runtime.cache.integrity import NOFOLLOW, CacheKey, check_private_folder, is_own
 
 __all__ = ["cpu_fingerprint", "graph_to_load"]
 
@@ -78,7 +78,7 @@ _KEEP_ENTRIES = 8
 # A build or a load's link folder this old was left by a killed process (a build takes
 # seconds to minutes, a load's links live while its session starts).
 _STALE_S = 3600.0
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_OPEN_FLAGS = os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
 _CHUNK_BYTES = 2**20
 
 
@@ -256,7 +256,7 @@ def _check_file(path: Path, want: dict[str, Any], *, verify: bool) -> None:
         raise _Refused(f"{path.name}: {exc.strerror}") from exc
     try:
         found = os.fstat(fd)
-        if not stat.S_ISREG(found.st_mode) or found.st_uid != os.getuid():
+        if not stat.S_ISREG(found.st_mode) or not is_own(found):
             raise _Refused(f"{path.name} is not a regular file of this user")
         if found.st_size != want.get("bytes"):
             raise _Refused(

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from edgeinfer.errors import ConfigError
 
-__all__ = ["KEY_NAME", "TAG_BYTES", "CacheKey", "check_private_folder"]
+__all__ = ["KEY_NAME", "NOFOLLOW", "TAG_BYTES", "CacheKey", "check_private_folder", "is_own"]
 
 KEY_NAME = "cache.key"
 TAG_BYTES = 32  # HMAC-SHA256
@@ -36,6 +36,9 @@ _KEY_BYTES = 32
 # Bits that let someone other than the owner read (the key) or write (a folder).
 _OTHERS_RW = stat.S_IRWXG | stat.S_IRWXO
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+# Owners and mode bits are POSIX's; on Windows (no getuid, ACLs instead) they are not checked.
+_POSIX = hasattr(os, "getuid")
+NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)  # open flag: a symbolic link fails to open (POSIX)
 
 
 class CacheKey:
@@ -91,7 +94,9 @@ def check_private_folder(folder: Path) -> None:
     found = os.stat(folder)
     if not stat.S_ISDIR(found.st_mode):
         raise ConfigError(f"{folder} is not a folder; choose a cache folder that is")
-    if found.st_uid != os.getuid():
+    if not _POSIX:
+        return
+    if not is_own(found):
         raise ConfigError(
             f"{folder} belongs to another user (uid {found.st_uid}); choose a cache folder "
             "of your own"
@@ -103,10 +108,15 @@ def check_private_folder(folder: Path) -> None:
         )
 
 
+def is_own(found: os.stat_result) -> bool:
+    """Whether the file of this status belongs to this process's user (always, off POSIX)."""
+    return not _POSIX or found.st_uid == os.getuid()
+
+
 def _read_key(path: Path) -> bytes | None:
     """The key in ``path``, or None when there is no such file."""
     try:  # O_NONBLOCK: a FIFO in its place does not block the open
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         return None
     except OSError as exc:  # ELOOP: a symbolic link
@@ -134,9 +144,9 @@ def _key_problem(found: os.stat_result) -> str | None:
     """Why a key file with this status cannot be trusted, or None."""
     if not stat.S_ISREG(found.st_mode):
         return "it is not a regular file"
-    if found.st_uid != os.getuid():
+    if not is_own(found):
         return f"it belongs to another user (uid {found.st_uid})"
-    if found.st_mode & _OTHERS_RW:
+    if _POSIX and found.st_mode & _OTHERS_RW:
         return f"others may read it (mode {stat.filemode(found.st_mode)})"
     return None
 
