@@ -13,7 +13,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +79,24 @@ def _no_files_left_in_the_repo() -> object:
         ).stdout.split()
         stray = [name for name in stray if name not in ignored]
     assert not stray, f"the test left {stray} in the repository root"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A module's shared bridges (module fixtures) keep their request journals in its own
+    folder, never the user's state folder."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("EDGEINFER_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's bridges keep their request journals in its own folder, so one test's
+    answered ids never answer another test's requests."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("EDGEINFER_STATE_DIR", str(state))
+    return state
 
 
 @pytest.fixture(scope="session")

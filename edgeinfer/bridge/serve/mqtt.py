@@ -1,7 +1,11 @@
 """The MQTT side of the bridge: subscribe, decode, hand to the worker, publish replies.
 
-paho's network thread runs ``_on_message``, which only decodes and calls ``Worker.submit`` (cheap);
-models run on the worker's threads. Subscriptions are made in ``_on_connect`` so that they come
+paho's network thread runs ``_on_message``, which only decodes, records a QoS 1 request in the
+journal (``delivery.py``) and calls ``Worker.submit`` (cheap); models run on the worker's
+threads. A message is acknowledged to the broker only when ``_on_message`` is done with it
+(paho's manual acknowledgement), so a recorded request is either acknowledged or redelivered.
+A retained request is refused and cleared, never run (it would run again at every new
+subscription). Subscriptions are made in ``_on_connect`` so that they come
 back after every reconnect; the retained status topic says ``online`` with each served model's
 package digest and signer, and the Last Will makes it ``offline`` when the bridge vanishes.
 Topics (``P``: topic prefix, ``D``: device id)::
@@ -30,7 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 from edgeinfer.bridge.connection import connect_async, new_paho_client
 from edgeinfer.bridge.ota.deploy import DeployConfig, Deployer
+from edgeinfer.bridge.serve.delivery import Delivery
 from edgeinfer.bridge.serve.homeassistant import AvailabilityLink, discovery_messages
+from edgeinfer.bridge.serve.journal import Inbound, Journal
 from edgeinfer.bridge.serve.serving import ModelTable, StreamTable
 from edgeinfer.bridge.serve.settings import TOPIC_LEVEL_BAD, BridgeConfig, default_client_id
 from edgeinfer.bridge.serve.worker import Outgoing, ServedModel, Worker, epoch_ms
@@ -101,6 +107,15 @@ class Bridge:
             max_generations=config.generations,
             streams=StreamTable(max_streams=config.max_streams, idle_s=config.stream_idle_s),
         )
+        journal = None if config.journal_path is None else Journal(config.journal_path)
+        self.delivery = Delivery(
+            journal,
+            submit=self.worker.submit,
+            send=self._send,
+            clock_ms=clock_ms,
+            keep_s=config.journal_keep_s,
+            keep_answers=config.dedup_size,
+        )
         self.deployer = (
             None
             if deploy is None
@@ -117,6 +132,8 @@ class Bridge:
         offline = json.dumps({"state": "offline", "client_id": config.connection.client_id})
         self._client.will_set(config.status_topic, offline.encode(), qos=1, retain=True)
         self._client.max_inflight_messages_set(max(20, config.max_queue))
+        self._client.manual_ack_set(True)  # _on_message acknowledges, once a request is recorded
+        self._client.on_publish = self._on_publish
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_subscribe = self._on_subscribe
@@ -135,6 +152,8 @@ class Bridge:
             BrokerUnavailableError: not subscribed within ``timeout_s`` (a ``TimeoutError`` too).
         """
         self.worker.start()
+        self.delivery.start()
+        self.delivery.restart(self._decode)  # what a killed bridge left unanswered
         if self.deployer is not None:
             self.deployer.start()
         connect_async(
@@ -185,6 +204,7 @@ class Bridge:
                 log.warning("could not publish the offline status; the Last Will will")
         self._client.disconnect()
         self._client.loop_stop()
+        self.delivery.stop()  # the replies acknowledged so far are marked answered
         if self._metrics.is_alive():
             self._metrics.join()
 
@@ -246,7 +266,7 @@ class Bridge:
             self.config.connection.broker,
             flags.session_present,
         )
-        topics = [(self.config.subscription, self.config.qos)]
+        topics: list[tuple[str, Any]] = [(self.config.subscription, self._request_options())]
         if self.deployer is not None:  # P/D/+/req does not match these (nor a request ACL)
             topics += [(self.config.ota_control_topic, 1), (self.config.ota_chunk_topic, 1)]
         client.subscribe(topics)  # one SUBACK: subscribed means every topic is
@@ -284,39 +304,85 @@ class Bridge:
         if not self._stop.is_set():
             log.warning("disconnected (%s); reconnecting with backoff", reason)
 
+    def _request_options(self) -> Any:
+        """The request subscription's QoS; on v5 also Retain As Published, so that a retained
+        request published while the bridge is subscribed is seen as retained (and refused)."""
+        if not self.config.connection.is_v5:
+            return self.config.qos
+        from paho.mqtt.subscribeoptions import SubscribeOptions
+
+        return SubscribeOptions(qos=self.config.qos, retainAsPublished=True)
+
+    def _on_publish(
+        self,
+        client: PahoClient,
+        userdata: Any,
+        mid: int,
+        reason: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        self.delivery.published(mid)
+
     def _on_message(self, client: PahoClient, userdata: Any, message: MQTTMessage) -> None:
         # Nothing may escape: an exception here would end paho's network thread (the bridge
-        # alive but deaf) and leave the message unacknowledged, so the broker would deliver
-        # the same poison at every restart. Returning acknowledges it: it is consumed once.
+        # alive but deaf). The message is acknowledged when this returns, whatever happened:
+        # recorded, answered, or (a poison) answered with an error, so it is consumed once.
         try:
             self._handle(message)
         except Exception:
             log.exception("dropped a message that could not be handled (acknowledged)")
             self._reply_unhandled(message)
+        finally:
+            if message.qos > 0:
+                client.ack(message.mid, message.qos)
 
     def _handle(self, message: MQTTMessage) -> None:
         received_ms = self._clock()
-        levels = message.topic.split("/")
         if self.deployer is not None and message.topic == self.config.ota_chunk_topic:
             self.deployer.handle_chunk(bytes(message.payload))
             return
         if self.deployer is not None and message.topic == self.config.ota_control_topic:
             self.deployer.handle_control(bytes(message.payload))
             return
-        props = getattr(message, "properties", None)
-        response_topic = getattr(props, "ResponseTopic", None) or None
-        correlation = getattr(props, "CorrelationData", None)
-        decoded = proto.decode_request(
-            bytes(message.payload),
+        inbound = Inbound.of(message, received_ms=received_ms)
+        if not inbound.payload and (message.retain or inbound.response_topic is None):
+            return  # a retained request being cleared (ours, say): nothing asked, no one to tell
+        if message.retain:
+            self._refuse_retained(inbound)
+            return
+        self.delivery.accept(inbound, self._decode(inbound), message.qos)
+
+    def _decode(self, inbound: Inbound) -> proto.Request | proto.ErrorReply:
+        levels = inbound.topic.split("/")
+        return proto.decode_request(
+            inbound.payload,
             model=levels[-2] if len(levels) >= 2 else "",
-            content_type=getattr(props, "ContentType", None),
-            response_topic=response_topic,
-            correlation=bytes(correlation) if correlation is not None else None,
+            content_type=inbound.content_type,
+            response_topic=inbound.response_topic,
+            correlation=inbound.correlation,
             max_payload_bytes=self.config.max_payload_bytes,
-            received_ms=received_ms,
+            received_ms=inbound.received_ms,
             reply_refusal=self.config.reply_refusal,
         )
-        self.worker.submit(decoded)
+
+    def _refuse_retained(self, inbound: Inbound) -> None:
+        """A retained request: answer ``bad_request`` where it asks, clear it, never run it."""
+        log.warning("refused and cleared a retained request on %s", inbound.topic)
+        self._client.publish(inbound.topic, b"", qos=1, retain=True)
+        decoded = self._decode(inbound)
+        self.worker.submit(
+            proto.ErrorReply(
+                proto.BAD_REQUEST,
+                "the request was published retained, so it would run again for every bridge "
+                "that subscribes; it was not run and has been cleared: publish requests with "
+                "retain off",
+                id=getattr(decoded, "id", None),
+                model=getattr(decoded, "model", None),
+                reply_to=decoded.reply_to,
+                correlation=decoded.correlation,
+                fmt=decoded.fmt,
+            )
+        )
 
     def _reply_unhandled(self, message: MQTTMessage) -> None:
         """An ``internal`` error reply to a message that broke its handler, where it asked
@@ -353,7 +419,14 @@ class Bridge:
         topic = out.topic or f"{self.config.base}/errors"
         # Disconnected: paho keeps QoS 1 messages and sends them after the reconnect.
         try:
-            self._client.publish(topic, out.payload, qos=self.config.qos, properties=props)
+            self.delivery.sending(
+                out,
+                lambda: (
+                    self._client.publish(
+                        topic, out.payload, qos=self.config.qos, properties=props
+                    ).mid
+                ),
+            )
         except (ValueError, TypeError) as exc:  # paho refuses the topic or the payload size
             log.error("could not publish a %d-byte reply to %r: %s", len(out.payload), topic, exc)
 

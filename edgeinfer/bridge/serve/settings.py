@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from edgeinfer.bridge.connection import Connection
 from edgeinfer.bridge.ota.staging import MAX_CHUNK_BYTES
@@ -13,7 +16,7 @@ from edgeinfer.bridge.wire.values import MAX_TOPIC_BYTES, valid_topic
 from edgeinfer.config import ContinuousBatchConfig
 from edgeinfer.errors import ConfigError
 
-__all__ = ["TOPIC_LEVEL_BAD", "BridgeConfig", "default_client_id"]
+__all__ = ["TOPIC_LEVEL_BAD", "BridgeConfig", "default_client_id", "default_state_dir"]
 
 TOPIC_LEVEL_BAD = frozenset("/+#\0")
 # A packet's bytes beyond its payload: fixed header, topic, ResponseTopic, CorrelationData and
@@ -27,6 +30,16 @@ def default_client_id(device_id: str, shared_group: str | None = None) -> str:
     if shared_group:  # several bridges share the device id: the host tells them apart
         parts += [shared_group, socket.gethostname()]
     return "-".join(parts)[:128]
+
+
+def default_state_dir() -> Path:
+    """Where the bridge keeps its state (the request journal): ``$EDGEINFER_STATE_DIR``, else
+    ``$XDG_STATE_HOME/edgeinfer``, else ``~/.local/state/edgeinfer``."""
+    env = os.environ.get("EDGEINFER_STATE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state") / "edgeinfer"
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,14 @@ class BridgeConfig:
             Last Will, ``P/D/availability`` (Home Assistant, Node-RED; ``homeassistant.py``).
         ha_discovery_prefix: publish Home Assistant MQTT discovery configs under this prefix
             (Home Assistant's default: ``homeassistant``) after every connect; ``None``: none.
+        journal_dir: the folder of the request journal (one file per client id): a QoS 1
+            request is acknowledged to the broker once it is recorded there, and its final
+            reply kept, so a bridge killed mid-request answers it exactly once after a
+            restart (``journal.py``). Default ``default_state_dir()``; ``None``: no journal
+            (a request is acknowledged on receipt and duplicates are known in memory only).
+        journal_keep_s: answered requests stay in the journal this long (duplicates within it
+            are answered from there); at most ``dedup_size`` of them are kept. One hour: the
+            broker session's expiry, past which nothing is redelivered.
     """
 
     connection: Connection
@@ -92,6 +113,8 @@ class BridgeConfig:
     reply_topics: tuple[str, ...] = ()
     availability: bool = False
     ha_discovery_prefix: str | None = None
+    journal_dir: Path | None = field(default_factory=default_state_dir)
+    journal_keep_s: float = 3600.0
 
     @property
     def generations(self) -> int:
@@ -117,6 +140,8 @@ class BridgeConfig:
             raise ConfigError(f"qos must be 0 or 1, got {self.qos}")
         if self.max_payload_bytes < 64:
             raise ConfigError("max_payload_bytes must be >= 64")
+        if self.journal_keep_s <= 0:
+            raise ConfigError(f"journal_keep_s must be > 0, got {self.journal_keep_s}")
         if self.metrics_interval_s < 0 or self.stream_idle_s <= 0 or self.max_streams < 1:
             raise ConfigError("need metrics_interval_s >= 0, stream_idle_s > 0, max_streams >= 1")
         if self.ha_discovery_prefix is not None:
@@ -142,6 +167,16 @@ class BridgeConfig:
             max(self.max_payload_bytes, MAX_CHUNK_BYTES) if deploys else self.max_payload_bytes
         )
         return largest + _PACKET_HEADROOM
+
+    @property
+    def journal_path(self) -> Path | None:
+        """This client id's journal file (``None`` without a journal, or at QoS 0)."""
+        if self.journal_dir is None or self.qos == 0:
+            return None
+        client_id = self.connection.client_id
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", client_id)[:64]
+        digest = hashlib.sha256(client_id.encode()).hexdigest()[:12]  # ids differing in '/' only
+        return self.journal_dir / "bridge" / f"journal-{safe}-{digest}.sqlite3"
 
     @property
     def base(self) -> str:

@@ -1,0 +1,237 @@
+"""QoS 1 that holds across a crash: requests go through the journal (``journal.py``).
+
+``accept`` (paho's thread) records a QoS 1 request before it returns, and the bridge
+acknowledges the message only after that (paho's manual acknowledgement): a duplicate of a
+pending request goes to the worker, whose store drops it (its one answer is on the way) or
+replays the answer it just gave; a duplicate of an answered one is
+answered from the journal (``"replay": true``; an answer that was an error runs it again, as
+the in-memory store does). ``restart`` re-submits what a killed bridge had recorded but not
+answered; one re-run ``max_starts`` times without an answer (it may be what kills the bridge)
+is answered ``internal`` instead, and one whose v5 message expiry passed ``deadline_exceeded``.
+
+A request is answered in the journal when the broker has acknowledged its final reply
+(``published``, from paho's ``on_publish``), not when paho was handed it: a bridge killed
+with the reply still in paho's queue runs the request again at the next start, so the reply
+is not lost; the price is a second answer if the kill falls between the broker's PUBACK and
+the journal's commit (microseconds). Answers are committed by one thread, in batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from edgeinfer.bridge.serve.journal import Answer, Inbound, Journal
+from edgeinfer.bridge.serve.replies import Outgoing
+from edgeinfer.bridge.wire import kinds
+from edgeinfer.bridge.wire import protocol as proto
+
+__all__ = ["Delivery"]
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, ...]
+
+
+class Delivery:
+    """Accept, replay and re-submit QoS 1 requests through ``journal``; mark them answered.
+
+    Args:
+        journal: the durable journal; ``None``: requests go straight to ``submit``.
+        submit: hands a decoded message to the worker (``Worker.submit``).
+        send: publishes one reply (the bridge's send path, which calls ``sending``).
+        clock_ms: epoch-ms clock (message expiry, answer times, pruning).
+        keep_s: answered requests are forgotten after this long.
+        keep_answers: at most this many answered requests are kept.
+        max_starts: bridge starts that may re-run one request before it is refused.
+    """
+
+    def __init__(
+        self,
+        journal: Journal | None,
+        *,
+        submit: Callable[[proto.Request | proto.ErrorReply], None],
+        send: Callable[[Outgoing], None],
+        clock_ms: Callable[[], float],
+        keep_s: float,
+        keep_answers: int,
+        max_starts: int = 3,
+    ) -> None:
+        self.journal = journal
+        self._submit = submit
+        self._send = send
+        self._clock = clock_ms
+        self.keep_s = keep_s
+        self.keep_answers = keep_answers
+        self.max_starts = max_starts
+        self._lock = threading.Lock()  # guards _live and _awaiting
+        self._live: dict[Key, list[bytes]] = {}  # recorded, unanswered: chunks sent so far
+        self._awaiting: dict[int, tuple[Key, Answer]] = {}  # mid of a final reply -> answer
+        self._acked: deque[int] = deque()  # PUBACKed mids not yet looked at
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="edgeinfer-journal", daemon=True)
+        self.counts = {"recorded": 0, "replayed": 0, "answered": 0}
+
+    # -- requests coming in (paho's thread) ---------------------------------------------------
+    def accept(self, inbound: Inbound, decoded: proto.Request | proto.ErrorReply, qos: int) -> None:
+        """Record a QoS 1 request (durably, before returning), or answer a duplicate; then hand
+        it on. A message that did not decode, or a QoS 0 one, goes on unrecorded."""
+        if self.journal is None or qos < 1 or isinstance(decoded, proto.ErrorReply):
+            self._submit(decoded)
+            return
+        key = decoded.key
+        known = self.journal.lookup(key)
+        if known is True:  # running (the worker has it, re-submitted at start if need be)
+            self._submit(decoded)  # so the worker's store drops it, or replays its answer
+            return
+        if isinstance(known, Answer) and _succeeded(known):
+            self.counts["replayed"] += 1
+            self._replay(decoded, known)
+            return
+        with self._lock:
+            self._live[key] = []
+        try:
+            self.journal.record(key, inbound)
+        except BaseException:
+            with self._lock:
+                del self._live[key]
+            raise
+        self.counts["recorded"] += 1
+        self._submit(decoded)
+
+    def restart(self, decode: Callable[[Inbound], proto.Request | proto.ErrorReply]) -> int:
+        """Re-submit what was recorded and not answered before this start; returns how many."""
+        if self.journal is None:
+            return 0
+        self.journal.prune(before_ms=self._clock() - self.keep_s * 1e3, keep=self.keep_answers)
+        pending = self.journal.restart()
+        for entry in pending:
+            with self._lock:
+                self._live[entry.key] = []
+            decoded = decode(entry.inbound)
+            expires = entry.inbound.expires_ms
+            if isinstance(decoded, proto.ErrorReply):  # it decoded once; a newer bridge may not
+                self._send_error(decoded, entry.key)
+            elif entry.starts >= self.max_starts:
+                message = (
+                    f"the bridge restarted {entry.starts} times while running this request "
+                    "(it may be what stops it); it is not run again"
+                )
+                self._send_error(_error(decoded, proto.INTERNAL, message), entry.key)
+            elif expires is not None and self._clock() >= expires:
+                message = "the message expired while the bridge was down; the model was not run"
+                self._send_error(_error(decoded, proto.DEADLINE_EXCEEDED, message), entry.key)
+            else:
+                self._submit(decoded)
+        if pending:
+            log.info("re-submitted %d request(s) recorded before the last stop", len(pending))
+        return len(pending)
+
+    def _send_error(self, error: proto.ErrorReply, key: Key) -> None:
+        payload = proto.encode(error.to_dict(), fmt=error.fmt)
+        self._send(Outgoing(error.reply_to, payload, error.correlation, error.fmt, key, True))
+
+    def _replay(self, request: proto.Request, answer: Answer) -> None:
+        """The journal's answer again, in the duplicate's format, each message marked replay."""
+        quiet = isinstance(request.input, kinds.GenerateInput) and not request.input.stream
+        messages = ([] if quiet else list(answer.chunks)) + [answer.final]
+        for i, payload in enumerate(messages):
+            reply = {**proto.decode_reply(payload, fmt=answer.fmt), "replay": True}
+            out = proto.encode(reply, fmt=request.fmt)
+            last = i == len(messages) - 1
+            topic, correlation = request.reply_to, request.correlation
+            self._send(Outgoing(topic, out, correlation, request.fmt, None, last))
+
+    # -- replies going out (any thread) -------------------------------------------------------
+    def sending(self, out: Outgoing, publish: Callable[[], int]) -> None:
+        """Publish ``out`` with ``publish`` (returns the mid) and follow it when it is the final
+        reply of a recorded request. Publishes are serialized here so that a PUBACK is looked
+        at only once its mid is known (paho may take it before ``publish`` returns)."""
+        with self._lock:
+            chunks = None if out.key is None else self._live.get(out.key)
+            if out.key is None or chunks is None:
+                publish()
+            elif not out.final:
+                chunks.append(out.payload)
+                publish()
+            else:
+                del self._live[out.key]
+                answer = Answer(out.fmt, out.payload, tuple(chunks))
+                self._awaiting[publish()] = (out.key, answer)
+
+    def published(self, mid: int) -> None:
+        """paho's ``on_publish``: the broker acknowledged message ``mid`` (network thread)."""
+        self._acked.append(mid)
+        self._wake.set()
+
+    # -- the thread that commits answers ------------------------------------------------------
+    def start(self) -> None:
+        """Start committing answers (with a journal)."""
+        if self.journal is not None:
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Commit the answers acknowledged so far and close the journal."""
+        if self.journal is None:
+            return
+        self._stopping = True
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._commit()
+        self.journal.close()
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            self._wake.wait()
+            self._wake.clear()
+            try:
+                self._commit()
+            except Exception:  # the thread must live: the next commit retries nothing lost
+                log.exception("could not mark answers in the journal")
+
+    def _commit(self) -> None:
+        assert self.journal is not None  # the thread runs only with a journal
+        answers: list[tuple[Key, Answer]] = []
+        with self._lock:
+            while self._acked:
+                entry = self._awaiting.pop(self._acked.popleft(), None)
+                if entry is not None:
+                    answers.append(entry)
+        if not answers:
+            return
+        self.journal.answer(answers, now_ms=self._clock())
+        before = self.counts["answered"]
+        self.counts["answered"] += len(answers)
+        if before // 256 != self.counts["answered"] // 256:  # bound the file now and then
+            self.journal.prune(before_ms=self._clock() - self.keep_s * 1e3, keep=self.keep_answers)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters and what is in flight (for the metrics)."""
+        with self._lock:
+            live, awaiting = len(self._live), len(self._awaiting)
+        return {**self.counts, "in_flight": live, "awaiting_puback": awaiting}
+
+
+def _error(request: proto.Request, code: str, message: str) -> proto.ErrorReply:
+    return proto.ErrorReply(
+        code,
+        message,
+        id=request.id,
+        model=request.model,
+        reply_to=request.reply_to,
+        correlation=request.correlation,
+        fmt=request.fmt,
+    )
+
+
+def _succeeded(answer: Answer) -> bool:
+    """Whether a journaled final reply was a success (an error one lets the id run again)."""
+    try:
+        return bool(proto.decode_reply(answer.final, fmt=answer.fmt).get("ok"))
+    except ValueError:
+        return False

@@ -1,0 +1,271 @@
+"""The bridge's durable journal: each QoS 1 request recorded before the broker is told it
+arrived, and its final reply once the broker has that.
+
+A request is acknowledged (PUBACK) only after its row is committed, so a bridge killed at any
+moment either never acknowledged it (the broker delivers it again) or has it here (the next
+start runs it again). Once the broker has acknowledged the request's final reply, the row holds
+that reply (and a generation's chunks): a redelivered or re-sent duplicate is answered from here,
+marked ``"replay": true``, and never run twice — across restarts too.
+
+SQLite in WAL mode with ``synchronous=FULL``: every commit fsyncs the WAL, so a recorded row
+survives ``kill -9`` and a power cut alike (``synchronous=NORMAL`` would survive only the
+former). A commit appends one WAL frame per page changed and one fsync; SQLite rather than an
+append-only file of our own because it also gives the lookups, the pruning and crash-safe
+compaction (checkpoints) without code of ours. ``durable=False`` drops the fsync (tests of
+other things, and a measurement of what the fsync costs).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import struct
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.errors import ConfigError
+
+__all__ = ["Answer", "Inbound", "Journal", "Pending"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS requests (
+    key TEXT PRIMARY KEY,          -- the request identity, a JSON list of strings
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    properties TEXT NOT NULL,      -- the v5 properties needed to answer it, JSON
+    received_ms REAL NOT NULL,
+    starts INTEGER NOT NULL DEFAULT 0,  -- bridge starts that re-submitted it unanswered
+    answered_ms REAL,              -- NULL while pending
+    fmt TEXT,
+    final BLOB,
+    chunks BLOB
+);
+CREATE INDEX IF NOT EXISTS answered ON requests (answered_ms) WHERE answered_ms IS NOT NULL;
+"""
+_LENGTH = struct.Struct(">I")
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """One request message as it came off the wire: enough to decode and answer it again."""
+
+    topic: str
+    payload: bytes
+    response_topic: str | None = None
+    correlation: bytes | None = None
+    content_type: str | None = None
+    user_properties: tuple[tuple[str, str], ...] = ()
+    message_expiry_s: int | None = None
+    received_ms: float = 0.0
+
+    @classmethod
+    def of(cls, message: Any, *, received_ms: float) -> Inbound:
+        """From a paho ``MQTTMessage`` (its v5 properties, where it has them)."""
+        props = getattr(message, "properties", None)
+        correlation = getattr(props, "CorrelationData", None)
+        users = getattr(props, "UserProperty", None) or ()
+        expiry = getattr(props, "MessageExpiryInterval", None)
+        return cls(
+            topic=message.topic,
+            payload=bytes(message.payload),
+            response_topic=getattr(props, "ResponseTopic", None) or None,
+            correlation=None if correlation is None else bytes(correlation),
+            content_type=getattr(props, "ContentType", None),
+            user_properties=tuple((str(k), str(v)) for k, v in users),
+            message_expiry_s=None if expiry is None else int(expiry),
+            received_ms=received_ms,
+        )
+
+    @property
+    def expires_ms(self) -> float | None:
+        """When the message's v5 Message Expiry Interval runs out (epoch ms), or ``None``."""
+        if self.message_expiry_s is None:
+            return None
+        return self.received_ms + self.message_expiry_s * 1e3
+
+    def _properties_json(self) -> str:
+        return json.dumps(
+            {
+                "response_topic": self.response_topic,
+                "correlation": None if self.correlation is None else self.correlation.hex(),
+                "content_type": self.content_type,
+                "user_properties": [list(p) for p in self.user_properties],
+                "message_expiry_s": self.message_expiry_s,
+            }
+        )
+
+    @classmethod
+    def _from_row(cls, topic: str, payload: bytes, props: str, received_ms: float) -> Inbound:
+        data = json.loads(props)
+        correlation = data["correlation"]
+        return cls(
+            topic=topic,
+            payload=bytes(payload),
+            response_topic=data["response_topic"],
+            correlation=None if correlation is None else bytes.fromhex(correlation),
+            content_type=data["content_type"],
+            user_properties=tuple((str(k), str(v)) for k, v in data["user_properties"]),
+            message_expiry_s=data["message_expiry_s"],
+            received_ms=received_ms,
+        )
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A request's final reply as published (``fmt`` is its wire format), after its chunks."""
+
+    fmt: str
+    final: bytes
+    chunks: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A recorded request with no answer yet; ``starts``: bridge starts that re-ran it before."""
+
+    key: tuple[str, ...]
+    inbound: Inbound
+    starts: int
+
+
+def _key_text(key: Sequence[str]) -> str:
+    return json.dumps(list(key))
+
+
+def _pack(chunks: Iterable[bytes]) -> bytes:
+    return b"".join(_LENGTH.pack(len(c)) + c for c in chunks)
+
+
+def _unpack(blob: bytes | None) -> tuple[bytes, ...]:
+    chunks, at = [], 0
+    data = blob or b""
+    while at < len(data):
+        (size,) = _LENGTH.unpack_from(data, at)
+        at += _LENGTH.size
+        chunks.append(bytes(data[at : at + size]))
+        at += size
+    return tuple(chunks)
+
+
+class Journal:
+    """Recorded requests and their final replies in one SQLite file. Thread-safe.
+
+    Args:
+        path: the database file (its folder is made); one bridge client id per file.
+        durable: fsync every commit (``synchronous=FULL``); False: ``NORMAL`` (a commit
+            survives the process being killed, not a power cut).
+
+    Raises:
+        ConfigError: the file cannot be opened or is not a journal.
+    """
+
+    def __init__(self, path: Path, *, durable: bool = True) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+            self._db.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise ConfigError(
+                f"cannot open the bridge's request journal {path}: {exc}; give a writable "
+                "folder (BridgeConfig.journal_dir), or move the broken file away"
+            ) from exc
+        self._lock = threading.Lock()
+
+    def lookup(self, key: Sequence[str]) -> Answer | bool | None:
+        """``key``'s final reply when answered, True while it is pending, ``None`` if unknown."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT answered_ms, fmt, final, chunks FROM requests WHERE key = ?",
+                (_key_text(key),),
+            ).fetchone()
+        if row is None:
+            return None
+        if row[0] is None:
+            return True
+        return Answer(row[1], bytes(row[2]), _unpack(row[3]))
+
+    def record(self, key: Sequence[str], inbound: Inbound) -> None:
+        """Keep ``key`` as pending (replacing an earlier answer); returns once it is durable."""
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO requests (key, topic, payload, properties, received_ms) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (
+                    _key_text(key),
+                    inbound.topic,
+                    inbound.payload,
+                    inbound._properties_json(),
+                    inbound.received_ms,
+                ),
+            )
+
+    def answer(self, answers: Sequence[tuple[Sequence[str], Answer]], *, now_ms: float) -> None:
+        """Mark pending keys answered with their replies, in one commit (an answered key keeps
+        its first answer; an unknown one is ignored)."""
+        if not answers:
+            return
+        rows = [(now_ms, a.fmt, a.final, _pack(a.chunks), _key_text(k)) for k, a in answers]
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    "UPDATE requests SET answered_ms = ?, fmt = ?, final = ?, chunks = ? "
+                    "WHERE key = ? AND answered_ms IS NULL",
+                    rows,
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def restart(self) -> list[Pending]:
+        """Every pending request, oldest first, each counted as re-run once more (one commit)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(
+                    "UPDATE requests SET starts = starts + 1 WHERE answered_ms IS NULL"
+                )
+                rows = self._db.execute(
+                    "SELECT key, topic, payload, properties, received_ms, starts - 1 "
+                    "FROM requests WHERE answered_ms IS NULL ORDER BY received_ms"
+                ).fetchall()
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        return [
+            Pending(tuple(json.loads(k)), Inbound._from_row(t, p, props, r), starts)
+            for k, t, p, props, r, starts in rows
+        ]
+
+    def prune(self, *, before_ms: float, keep: int) -> int:
+        """Forget answered requests answered before ``before_ms``, and all but the ``keep``
+        most recent answered ones; returns how many went. Pending ones always stay."""
+        with self._lock:
+            cursor = self._db.execute(
+                "DELETE FROM requests WHERE answered_ms IS NOT NULL AND (answered_ms < ? OR "
+                "key IN (SELECT key FROM requests WHERE answered_ms IS NOT NULL "
+                "ORDER BY answered_ms DESC LIMIT -1 OFFSET ?))",
+                (before_ms, keep),
+            )
+            return cursor.rowcount
+
+    def counts(self) -> dict[str, int]:
+        """``{"pending": n, "answered": m}``."""
+        with self._lock:
+            pending, answered = self._db.execute(
+                "SELECT COUNT(*) - COUNT(answered_ms), COUNT(answered_ms) FROM requests"
+            ).fetchone()
+        return {"pending": int(pending), "answered": int(answered)}
+
+    def close(self) -> None:
+        """Close the file (a later call of any method raises ``sqlite3.ProgrammingError``)."""
+        with self._lock:
+            self._db.close()
