@@ -1,13 +1,11 @@
 """The MQTT side of the bridge: subscribe, decode, hand to the worker, publish replies.
 
 paho's network thread runs ``_on_message``, which only decodes, records a QoS 1 request in the
-journal (``delivery.py``) and calls ``Worker.submit`` (cheap); models run on the worker's
-threads. A message is acknowledged to the broker only when ``_on_message`` is done with it
-(paho's manual acknowledgement), so a recorded request is either acknowledged or redelivered.
-A retained request is refused and cleared, never run (it would run again at every new
-subscription). Subscriptions are made in ``_on_connect`` so that they come
-back after every reconnect; the retained status topic says ``online`` with each served model's
-package digest and signer, and the Last Will makes it ``offline`` when the bridge vanishes.
+journal (``delivery.py``; acknowledged to the broker after that) and calls ``Worker.submit``
+(cheap); models run on the worker's threads. A retained request is refused and cleared.
+Subscriptions are made in ``_on_connect`` so that they come back after every reconnect; the
+retained status topic says ``online`` with each served model's package digest and signer, and
+the Last Will makes it ``offline`` when the bridge vanishes.
 Topics (``P``: topic prefix, ``D``: device id)::
 
     P/D/MODEL/req      requests (via $share/GROUP/P/D/+/req when scaled out)
@@ -29,11 +27,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer.bridge.connection import connect_async, new_paho_client
 from edgeinfer.bridge.ota.deploy import DeployConfig, Deployer
+from edgeinfer.bridge.serve import intake
 from edgeinfer.bridge.serve.delivery import Delivery
 from edgeinfer.bridge.serve.homeassistant import AvailabilityLink, discovery_messages
 from edgeinfer.bridge.serve.journal import Inbound, Journal
@@ -153,7 +153,7 @@ class Bridge:
         """
         self.worker.start()
         self.delivery.start()
-        self.delivery.restart(self._decode)  # what a killed bridge left unanswered
+        self.delivery.restart(partial(intake.decode, config=self.config))  # left unanswered
         if self.deployer is not None:
             self.deployer.start()
         connect_async(
@@ -266,7 +266,9 @@ class Bridge:
             self.config.connection.broker,
             flags.session_present,
         )
-        topics: list[tuple[str, Any]] = [(self.config.subscription, self._request_options())]
+        topics: list[tuple[str, Any]] = [
+            (self.config.subscription, intake.request_options(self.config))
+        ]
         if self.deployer is not None:  # P/D/+/req does not match these (nor a request ACL)
             topics += [(self.config.ota_control_topic, 1), (self.config.ota_chunk_topic, 1)]
         client.subscribe(topics)  # one SUBACK: subscribed means every topic is
@@ -304,15 +306,6 @@ class Bridge:
         if not self._stop.is_set():
             log.warning("disconnected (%s); reconnecting with backoff", reason)
 
-    def _request_options(self) -> Any:
-        """The request subscription's QoS; on v5 also Retain As Published, so that a retained
-        request published while the bridge is subscribed is seen as retained (and refused)."""
-        if not self.config.connection.is_v5:
-            return self.config.qos
-        from paho.mqtt.subscribeoptions import SubscribeOptions
-
-        return SubscribeOptions(qos=self.config.qos, retainAsPublished=True)
-
     def _on_publish(
         self,
         client: PahoClient,
@@ -347,60 +340,17 @@ class Bridge:
         inbound = Inbound.of(message, received_ms=received_ms)
         if not inbound.payload and (message.retain or inbound.response_topic is None):
             return  # a retained request being cleared (ours, say): nothing asked, no one to tell
-        if message.retain:
-            self._refuse_retained(inbound)
+        if message.retain:  # refused and cleared: it would run at every new subscription
+            log.warning("refused and cleared a retained request on %s", inbound.topic)
+            self._client.publish(inbound.topic, b"", qos=1, retain=True)
+            self.worker.submit(intake.retained_refusal(inbound, self.config))
             return
-        self.delivery.accept(inbound, self._decode(inbound), message.qos)
-
-    def _decode(self, inbound: Inbound) -> proto.Request | proto.ErrorReply:
-        levels = inbound.topic.split("/")
-        return proto.decode_request(
-            inbound.payload,
-            model=levels[-2] if len(levels) >= 2 else "",
-            content_type=inbound.content_type,
-            response_topic=inbound.response_topic,
-            correlation=inbound.correlation,
-            max_payload_bytes=self.config.max_payload_bytes,
-            received_ms=inbound.received_ms,
-            reply_refusal=self.config.reply_refusal,
-        )
-
-    def _refuse_retained(self, inbound: Inbound) -> None:
-        """A retained request: answer ``bad_request`` where it asks, clear it, never run it."""
-        log.warning("refused and cleared a retained request on %s", inbound.topic)
-        self._client.publish(inbound.topic, b"", qos=1, retain=True)
-        decoded = self._decode(inbound)
-        self.worker.submit(
-            proto.ErrorReply(
-                proto.BAD_REQUEST,
-                "the request was published retained, so it would run again for every bridge "
-                "that subscribes; it was not run and has been cleared: publish requests with "
-                "retain off",
-                id=getattr(decoded, "id", None),
-                model=getattr(decoded, "model", None),
-                reply_to=decoded.reply_to,
-                correlation=decoded.correlation,
-                fmt=decoded.fmt,
-            )
-        )
+        self.delivery.accept(inbound, intake.decode(inbound, self.config), message.qos)
 
     def _reply_unhandled(self, message: MQTTMessage) -> None:
-        """An ``internal`` error reply to a message that broke its handler, where it asked
-        for one at an allowed topic (the errors topic otherwise); never raises."""
+        """Answer a message that broke its handler (``intake.unhandled_reply``); never raises."""
         try:
-            props = getattr(message, "properties", None)
-            topic = getattr(props, "ResponseTopic", None) or None
-            correlation = getattr(props, "CorrelationData", None)
-            allowed = isinstance(topic, str) and self.config.reply_refusal(topic) is None
-            self.worker.submit(
-                proto.ErrorReply(
-                    proto.INTERNAL,
-                    "the bridge could not handle this message and dropped it; see its log",
-                    reply_to=topic if allowed else None,
-                    correlation=None if correlation is None else bytes(correlation),
-                    fmt=proto.wire_format(getattr(props, "ContentType", None)),
-                )
-            )
+            self.worker.submit(intake.unhandled_reply(message, self.config))
         except Exception:
             log.exception("could not answer the dropped message")
 

@@ -1,0 +1,195 @@
+"""The request journal (real SQLite files, reopened as a restarted bridge would) and the
+delivery rules on it: what is re-run at a start, what is refused, what a duplicate gets, and
+that an answer is kept only once the broker acknowledged it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgeinfer.bridge.serve.delivery import Delivery
+from edgeinfer.bridge.serve.journal import Answer, Inbound, Journal
+from edgeinfer.bridge.serve.replies import Outgoing
+from edgeinfer.bridge.wire import protocol as proto
+
+NOW_MS = 1.7e12
+TOPIC = "edgeinfer/dev/m/req"
+REPLY = "edgeinfer/clients/c/reply"
+
+
+def _inbound(request_id: str, *, expiry_s: int | None = None, **body: Any) -> Inbound:
+    payload = json.dumps({"id": request_id, "prompt": "hi", **body}).encode()
+    return Inbound(
+        topic=TOPIC,
+        payload=payload,
+        response_topic=REPLY,
+        correlation=request_id.encode(),
+        content_type=None,
+        user_properties=(("tenant", "a"),),
+        message_expiry_s=expiry_s,
+        received_ms=NOW_MS,
+    )
+
+
+def _decode(inbound: Inbound) -> proto.Request | proto.ErrorReply:
+    return proto.decode_request(
+        inbound.payload,
+        model="m",
+        response_topic=inbound.response_topic,
+        correlation=inbound.correlation,
+        max_payload_bytes=1 << 16,
+        received_ms=inbound.received_ms,
+    )
+
+
+class Wire:
+    """What a Delivery submits and sends; each publish gets the next mid."""
+
+    def __init__(self) -> None:
+        self.submitted: list[proto.Request | proto.ErrorReply] = []
+        self.sent: list[tuple[int, Outgoing]] = []
+
+    def delivery(self, journal: Journal, *, now_ms: float = NOW_MS, **options: Any) -> Delivery:
+        options = {"keep_s": 3600.0, "keep_answers": 100, **options}
+        d = Delivery(
+            journal,
+            submit=self.submitted.append,
+            send=lambda out: d.sending(out, lambda: self._publish(out)),
+            clock_ms=lambda: now_ms,
+            **options,
+        )
+        return d
+
+    def _publish(self, out: Outgoing) -> int:
+        self.sent.append((len(self.sent) + 1, out))
+        return len(self.sent)
+
+    def replies(self) -> list[dict[str, Any]]:
+        return [proto.decode_reply(out.payload, fmt=out.fmt) for _, out in self.sent]
+
+
+def _accept(delivery: Delivery, inbound: Inbound) -> None:
+    delivery.accept(inbound, _decode(inbound), 1)
+
+
+def test_a_recorded_request_survives_reopening_with_its_properties(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    journal = Journal(path)
+    inbound = _inbound("r1", expiry_s=60)
+    journal.record(("m", "r1"), inbound)
+    journal.close()  # the process dies here: nothing else was written
+
+    again = Journal(path)
+    assert again.lookup(("m", "r1")) is True
+    [pending] = again.restart()
+    assert pending.key == ("m", "r1") and pending.inbound == inbound and pending.starts == 0
+    assert again.restart()[0].starts == 1  # a second start counts it again
+    again.answer([(("m", "r1"), Answer("json", b'{"ok": true}', (b"c0", b"", b"c2")))], now_ms=1)
+    again.answer([(("m", "r1"), Answer("json", b"later"))], now_ms=2)  # the first answer stays
+    again.close()
+    answered = Journal(path).lookup(("m", "r1"))
+    assert answered == Answer("json", b'{"ok": true}', (b"c0", b"", b"c2"))
+    assert Journal(path).restart() == []
+
+
+def test_pruning_bounds_the_answered_by_age_and_count_and_keeps_the_pending(
+    tmp_path: Path,
+) -> None:
+    journal = Journal(tmp_path / "j.sqlite3", durable=False)
+    for i in range(10):
+        journal.record(("m", f"a{i}"), _inbound(f"a{i}"))
+        journal.answer([(("m", f"a{i}"), Answer("json", b"{}"))], now_ms=float(i))
+    journal.record(("m", "open"), _inbound("open"))
+    assert journal.prune(before_ms=2.0, keep=100) == 2  # answered at 0 and 1
+    assert journal.prune(before_ms=0.0, keep=3) == 5  # the 3 latest answers stay
+    assert journal.counts() == {"pending": 1, "answered": 3}
+    assert journal.lookup(("m", "a9")) is not None and journal.lookup(("m", "a6")) is None
+
+
+def test_an_answer_is_kept_only_once_the_broker_acknowledged_it(tmp_path: Path) -> None:
+    path, wire = tmp_path / "j.sqlite3", Wire()
+    delivery = wire.delivery(Journal(path))
+    delivery.start()
+    _accept(delivery, _inbound("r1"))
+    assert wire.submitted and Journal(path).lookup(("m", "r1")) is True
+    key = ("m", "r1")
+    delivery._send(Outgoing(REPLY, b'{"chunk": 0, "id": "r1"}', b"r1", "json", key, False))
+    delivery._send(Outgoing(REPLY, b'{"ok": true, "id": "r1"}', b"r1", "json", key, True))
+    delivery._send(Outgoing(REPLY, b"{}", None, "json", None, True))  # an undecodable's error
+    assert Journal(path).lookup(key) is True  # handed to paho, not yet acknowledged
+    final_mid = wire.sent[1][0]
+    delivery.published(final_mid)
+    delivery.stop()  # commits what was acknowledged
+    answer = Journal(path).lookup(key)
+    assert isinstance(answer, Answer)
+    assert answer.final == b'{"ok": true, "id": "r1"}'
+    assert answer.chunks == (b'{"chunk": 0, "id": "r1"}',)
+
+
+def test_after_a_restart_a_duplicate_gets_the_journal_answer_and_never_runs(
+    tmp_path: Path,
+) -> None:
+    path, wire = tmp_path / "j.sqlite3", Wire()
+    journal = Journal(path)
+    journal.record(("m", "r1"), _inbound("r1"))
+    final = b'{"v": 1, "id": "r1", "ok": true, "done": true}'
+    chunk = b'{"id": "r1", "chunk": 0}'
+    journal.answer([(("m", "r1"), Answer("json", final, (chunk,)))], now_ms=NOW_MS)
+    journal.close()
+
+    delivery = wire.delivery(Journal(path))
+    assert delivery.restart(_decode) == 0
+    _accept(delivery, _inbound("r1"))  # redelivered, or re-sent: the same id
+    _accept(delivery, _inbound("r1", stream=False))  # asks for the final message only
+    assert wire.submitted == []  # never run
+    assert wire.replies() == [
+        {"id": "r1", "chunk": 0, "replay": True},
+        {"v": 1, "id": "r1", "ok": True, "done": True, "replay": True},
+        {"v": 1, "id": "r1", "ok": True, "done": True, "replay": True},
+    ]
+    assert all(out.correlation == b"r1" and out.topic == REPLY for _, out in wire.sent)
+
+
+def test_an_id_answered_with_an_error_runs_again(tmp_path: Path) -> None:
+    path, wire = tmp_path / "j.sqlite3", Wire()
+    journal = Journal(path)
+    journal.record(("m", "r1"), _inbound("r1"))
+    busy = proto.encode(proto.error_reply("r1", proto.BUSY, "queue full"), fmt="json")
+    journal.answer([(("m", "r1"), Answer("json", busy))], now_ms=1)
+    delivery = wire.delivery(journal)
+    _accept(delivery, _inbound("r1"))  # the retry a busy reply asks for
+    assert [getattr(r, "id", None) for r in wire.submitted] == ["r1"] and not wire.sent
+    assert journal.lookup(("m", "r1")) is True
+
+
+def test_a_start_re_runs_the_unanswered_and_refuses_the_expired_and_the_crash_loops(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "j.sqlite3"
+    Journal(path).record(("m", "poison"), _inbound("poison"))
+    for _ in range(3):  # three starts, each killed before answering "poison"
+        first = Wire()
+        first.delivery(Journal(path), now_ms=NOW_MS + 1_000).restart(_decode)
+        assert [getattr(r, "id", None) for r in first.submitted] == ["poison"]
+    journal = Journal(path)
+    journal.record(("m", "again"), _inbound("again"))
+    journal.record(("m", "expired"), _inbound("expired", expiry_s=5))
+    journal.close()
+
+    wire = Wire()
+    delivery = wire.delivery(Journal(path), now_ms=NOW_MS + 6_000)
+    assert delivery.restart(_decode) == 3
+    assert [r.id for r in wire.submitted if isinstance(r, proto.Request)] == ["again"]
+    codes = {r["id"]: r["error"]["code"] for r in wire.replies()}
+    assert codes == {"expired": proto.DEADLINE_EXCEEDED, "poison": proto.INTERNAL}
+    assert all(out.key is not None and out.final for _, out in wire.sent)  # marked when acked
+
+
+def test_an_unwritable_journal_folder_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(Exception, match="journal_dir") as info:
+        Journal(tmp_path / "file" / "j.sqlite3")
+    assert info.type.__name__ == "ConfigError"
