@@ -395,6 +395,7 @@ class Bridge:
                 client_id=self.config.connection.client_id,
                 ts_ms=epoch_ms(),
                 models=self.models.names(),
+                journal=self.delivery.snapshot(),
             )
             self._client.publish(
                 f"{self.config.base}/metrics", json.dumps(snapshot).encode(), qos=0
