@@ -79,18 +79,19 @@ def test_a_recorded_request_survives_reopening_with_its_properties(tmp_path: Pat
     path = tmp_path / "j.sqlite3"
     journal = Journal(path)
     inbound = _inbound("r1", expiry_s=60)
-    journal.record(("m", "r1"), inbound)
+    journal.record((REPLY, "m", "r1"), inbound)
     journal.close()  # the process dies here: nothing else was written
 
     again = Journal(path)
-    assert again.lookup(("m", "r1")) is True
+    assert again.lookup((REPLY, "m", "r1")) is True
     [pending] = again.restart()
-    assert pending.key == ("m", "r1") and pending.inbound == inbound and pending.starts == 0
+    assert pending.key == (REPLY, "m", "r1") and pending.inbound == inbound and pending.starts == 0
     assert again.restart()[0].starts == 1  # a second start counts it again
-    again.answer([(("m", "r1"), Answer("json", b'{"ok": true}', (b"c0", b"", b"c2")))], now_ms=1)
-    again.answer([(("m", "r1"), Answer("json", b"later"))], now_ms=2)  # the first answer stays
+    key = (REPLY, "m", "r1")
+    again.answer([(key, Answer("json", b'{"ok": true}', (b"c0", b"", b"c2")))], now_ms=1)
+    again.answer([(key, Answer("json", b"later"))], now_ms=2)  # the first answer stays
     again.close()
-    answered = Journal(path).lookup(("m", "r1"))
+    answered = Journal(path).lookup((REPLY, "m", "r1"))
     assert answered == Answer("json", b'{"ok": true}', (b"c0", b"", b"c2"))
     assert Journal(path).restart() == []
 
@@ -100,13 +101,14 @@ def test_pruning_bounds_the_answered_by_age_and_count_and_keeps_the_pending(
 ) -> None:
     journal = Journal(tmp_path / "j.sqlite3", durable=False)
     for i in range(10):
-        journal.record(("m", f"a{i}"), _inbound(f"a{i}"))
-        journal.answer([(("m", f"a{i}"), Answer("json", b"{}"))], now_ms=float(i))
-    journal.record(("m", "open"), _inbound("open"))
+        journal.record((REPLY, "m", f"a{i}"), _inbound(f"a{i}"))
+        journal.answer([((REPLY, "m", f"a{i}"), Answer("json", b"{}"))], now_ms=float(i))
+    journal.record((REPLY, "m", "open"), _inbound("open"))
     assert journal.prune(before_ms=2.0, keep=100) == 2  # answered at 0 and 1
     assert journal.prune(before_ms=0.0, keep=3) == 5  # the 3 latest answers stay
     assert journal.counts() == {"pending": 1, "answered": 3}
-    assert journal.lookup(("m", "a9")) is not None and journal.lookup(("m", "a6")) is None
+    assert journal.lookup((REPLY, "m", "a9")) is not None
+    assert journal.lookup((REPLY, "m", "a6")) is None
 
 
 def test_an_answer_is_kept_only_once_the_broker_acknowledged_it(tmp_path: Path) -> None:
@@ -114,8 +116,8 @@ def test_an_answer_is_kept_only_once_the_broker_acknowledged_it(tmp_path: Path) 
     delivery = wire.delivery(Journal(path))
     delivery.start()
     _accept(delivery, _inbound("r1"))
-    assert wire.submitted and Journal(path).lookup(("m", "r1")) is True
-    key = ("m", "r1")
+    assert wire.submitted and Journal(path).lookup((REPLY, "m", "r1")) is True
+    key = (REPLY, "m", "r1")
     delivery._send(Outgoing(REPLY, b'{"chunk": 0, "id": "r1"}', b"r1", "json", key, False))
     delivery._send(Outgoing(REPLY, b'{"ok": true, "id": "r1"}', b"r1", "json", key, True))
     delivery._send(Outgoing(REPLY, b"{}", None, "json", None, True))  # an undecodable's error
@@ -134,10 +136,10 @@ def test_after_a_restart_a_duplicate_gets_the_journal_answer_and_never_runs(
 ) -> None:
     path, wire = tmp_path / "j.sqlite3", Wire()
     journal = Journal(path)
-    journal.record(("m", "r1"), _inbound("r1"))
+    journal.record((REPLY, "m", "r1"), _inbound("r1"))
     final = b'{"v": 1, "id": "r1", "ok": true, "done": true}'
     chunk = b'{"id": "r1", "chunk": 0}'
-    journal.answer([(("m", "r1"), Answer("json", final, (chunk,)))], now_ms=NOW_MS)
+    journal.answer([((REPLY, "m", "r1"), Answer("json", final, (chunk,)))], now_ms=NOW_MS)
     journal.close()
 
     delivery = wire.delivery(Journal(path))
@@ -156,27 +158,27 @@ def test_after_a_restart_a_duplicate_gets_the_journal_answer_and_never_runs(
 def test_an_id_answered_with_an_error_runs_again(tmp_path: Path) -> None:
     path, wire = tmp_path / "j.sqlite3", Wire()
     journal = Journal(path)
-    journal.record(("m", "r1"), _inbound("r1"))
+    journal.record((REPLY, "m", "r1"), _inbound("r1"))
     busy = proto.encode(proto.error_reply("r1", proto.BUSY, "queue full"), fmt="json")
-    journal.answer([(("m", "r1"), Answer("json", busy))], now_ms=1)
+    journal.answer([((REPLY, "m", "r1"), Answer("json", busy))], now_ms=1)
     delivery = wire.delivery(journal)
     _accept(delivery, _inbound("r1"))  # the retry a busy reply asks for
     assert [getattr(r, "id", None) for r in wire.submitted] == ["r1"] and not wire.sent
-    assert journal.lookup(("m", "r1")) is True
+    assert journal.lookup((REPLY, "m", "r1")) is True
 
 
 def test_a_start_re_runs_the_unanswered_and_refuses_the_expired_and_the_crash_loops(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "j.sqlite3"
-    Journal(path).record(("m", "poison"), _inbound("poison"))
+    Journal(path).record((REPLY, "m", "poison"), _inbound("poison"))
     for _ in range(3):  # three starts, each killed before answering "poison"
         first = Wire()
         first.delivery(Journal(path), now_ms=NOW_MS + 1_000).restart(_decode)
         assert [getattr(r, "id", None) for r in first.submitted] == ["poison"]
     journal = Journal(path)
-    journal.record(("m", "again"), _inbound("again"))
-    journal.record(("m", "expired"), _inbound("expired", expiry_s=5))
+    journal.record((REPLY, "m", "again"), _inbound("again"))
+    journal.record((REPLY, "m", "expired"), _inbound("expired", expiry_s=5))
     journal.close()
 
     wire = Wire()

@@ -22,7 +22,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from edgeinfer.bridge.serve.journal import Answer, Inbound, Journal
 from edgeinfer.bridge.serve.replies import Outgoing
@@ -33,7 +33,7 @@ __all__ = ["Delivery"]
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, ...]
+Key = proto.RequestKey  # opaque here: the journal keeps it as a list of strings
 
 
 class Delivery:
@@ -110,21 +110,22 @@ class Delivery:
         self.journal.prune(before_ms=self._clock() - self.keep_s * 1e3, keep=self.keep_answers)
         pending = self.journal.restart()
         for entry in pending:
+            key = cast(Key, entry.key)
             with self._lock:
-                self._live[entry.key] = []
+                self._live[key] = []
             decoded = decode(entry.inbound)
             expires = entry.inbound.expires_ms
             if isinstance(decoded, proto.ErrorReply):  # it decoded once; a newer bridge may not
-                self._send_error(decoded, entry.key)
+                self._send_error(decoded, key)
             elif entry.starts >= self.max_starts:
                 message = (
                     f"the bridge restarted {entry.starts} times while running this request "
                     "(it may be what stops it); it is not run again"
                 )
-                self._send_error(_error(decoded, proto.INTERNAL, message), entry.key)
+                self._send_error(_error(decoded, proto.INTERNAL, message), key)
             elif expires is not None and self._clock() >= expires:
                 message = "the message expired while the bridge was down; the model was not run"
-                self._send_error(_error(decoded, proto.DEADLINE_EXCEEDED, message), entry.key)
+                self._send_error(_error(decoded, proto.DEADLINE_EXCEEDED, message), key)
             else:
                 self._submit(decoded)
         if pending:
