@@ -57,6 +57,7 @@ def measure(folder: Path, *, durable: bool, requests: int, batch: int) -> dict[s
     )
     delivery = Delivery(
         journal,
+        decode=lambda inbound: proto.ErrorReply(proto.INTERNAL, "not decoded here"),
         submit=lambda decoded: None,
         send=lambda out: None,
         clock_ms=lambda: time.time() * 1e3,

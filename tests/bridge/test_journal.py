@@ -56,6 +56,7 @@ class Wire:
         options = {"keep_s": 3600.0, "keep_answers": 100, **options}
         d = Delivery(
             journal,
+            decode=_decode,
             submit=self.submitted.append,
             send=lambda out: d.sending(out, lambda: self._publish(out)),
             clock_ms=lambda: now_ms,
@@ -143,13 +144,11 @@ def test_after_a_restart_a_duplicate_gets_the_journal_answer_and_never_runs(
     journal.close()
 
     delivery = wire.delivery(Journal(path))
-    assert delivery.restart(_decode) == 0
+    assert delivery.restart() == 0
     _accept(delivery, _inbound("r1"))  # redelivered, or re-sent: the same id
-    _accept(delivery, _inbound("r1", stream=False))  # asks for the final message only
     assert wire.submitted == []  # never run
     assert wire.replies() == [
         {"id": "r1", "chunk": 0, "replay": True},
-        {"v": 1, "id": "r1", "ok": True, "done": True, "replay": True},
         {"v": 1, "id": "r1", "ok": True, "done": True, "replay": True},
     ]
     assert all(out.correlation == b"r1" and out.topic == REPLY for _, out in wire.sent)
@@ -174,7 +173,7 @@ def test_a_start_re_runs_the_unanswered_and_refuses_the_expired_and_the_crash_lo
     Journal(path).record((REPLY, "m", "poison"), _inbound("poison"))
     for _ in range(3):  # three starts, each killed before answering "poison"
         first = Wire()
-        first.delivery(Journal(path), now_ms=NOW_MS + 1_000).restart(_decode)
+        first.delivery(Journal(path), now_ms=NOW_MS + 1_000).restart()
         assert [getattr(r, "id", None) for r in first.submitted] == ["poison"]
     journal = Journal(path)
     journal.record((REPLY, "m", "again"), _inbound("again"))
@@ -183,7 +182,7 @@ def test_a_start_re_runs_the_unanswered_and_refuses_the_expired_and_the_crash_lo
 
     wire = Wire()
     delivery = wire.delivery(Journal(path), now_ms=NOW_MS + 6_000)
-    assert delivery.restart(_decode) == 3
+    assert delivery.restart() == 3
     assert [r.id for r in wire.submitted if isinstance(r, proto.Request)] == ["again"]
     codes = {r["id"]: r["error"]["code"] for r in wire.replies()}
     assert codes == {"expired": proto.DEADLINE_EXCEEDED, "poison": proto.INTERNAL}
@@ -195,3 +194,19 @@ def test_an_unwritable_journal_folder_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="journal_dir") as info:
         Journal(tmp_path / "file" / "j.sqlite3")
     assert info.type.__name__ == "ConfigError"
+
+
+def test_after_a_restart_an_answered_id_asking_something_else_is_id_reused(
+    tmp_path: Path,
+) -> None:
+    path, wire = tmp_path / "j.sqlite3", Wire()
+    journal = Journal(path)
+    key = (REPLY, "m", "r1")
+    journal.record(key, _inbound("r1"))
+    final = b'{"v": 1, "id": "r1", "ok": true, "done": true}'
+    journal.answer([(key, Answer("json", final))], now_ms=NOW_MS)
+    delivery = wire.delivery(journal)
+    _accept(delivery, _inbound("r1", prompt="something else"))
+    assert wire.submitted == []  # never run, and not given the first request's answer
+    [reply] = wire.replies()
+    assert reply["error"]["code"] == proto.ID_REUSED and "replay" not in reply

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from edgeinfer.bridge.serve.journal import Answer, Inbound, Journal
-from edgeinfer.bridge.serve.replies import Outgoing
+from edgeinfer.bridge.serve.replies import Outgoing, content_digest
 from edgeinfer.bridge.wire import kinds
 from edgeinfer.bridge.wire import protocol as proto
 
@@ -41,6 +41,7 @@ class Delivery:
 
     Args:
         journal: the durable journal; ``None``: requests go straight to ``submit``.
+        decode: decodes a request message (``intake.decode``).
         submit: hands a decoded message to the worker (``Worker.submit``).
         send: publishes one reply (the bridge's send path, which calls ``sending``).
         clock_ms: epoch-ms clock (message expiry, answer times, pruning).
@@ -53,6 +54,7 @@ class Delivery:
         self,
         journal: Journal | None,
         *,
+        decode: Callable[[Inbound], proto.Request | proto.ErrorReply],
         submit: Callable[[proto.Request | proto.ErrorReply], None],
         send: Callable[[Outgoing], None],
         clock_ms: Callable[[], float],
@@ -61,6 +63,7 @@ class Delivery:
         max_starts: int = 3,
     ) -> None:
         self.journal = journal
+        self._decode = decode
         self._submit = submit
         self._send = send
         self._clock = clock_ms
@@ -89,6 +92,13 @@ class Delivery:
             self._submit(decoded)  # so the worker's store drops it, or replays its answer
             return
         if isinstance(known, Answer) and _succeeded(known):
+            if self._reused(decoded):
+                message = (
+                    f"id {decoded.id!r} was already used for a different request from this "
+                    "reply address; send each new request with a fresh id"
+                )
+                self._send_error(_error(decoded, proto.ID_REUSED, message), None)
+                return
             self.counts["replayed"] += 1
             self._replay(decoded, known)
             return
@@ -103,7 +113,16 @@ class Delivery:
         self.counts["recorded"] += 1
         self._submit(decoded)
 
-    def restart(self, decode: Callable[[Inbound], proto.Request | proto.ErrorReply]) -> int:
+    def _reused(self, request: proto.Request) -> bool:
+        """Whether the answered request under ``request``'s identity asked something else."""
+        assert self.journal is not None  # only asked with a journal
+        original = self.journal.original(request.key)
+        first = None if original is None else self._decode(original)
+        if not isinstance(first, proto.Request):
+            return False
+        return content_digest(first) != content_digest(request)
+
+    def restart(self) -> int:
         """Re-submit what was recorded and not answered before this start; returns how many."""
         if self.journal is None:
             return 0
@@ -113,7 +132,7 @@ class Delivery:
             key = cast(Key, entry.key)
             with self._lock:
                 self._live[key] = []
-            decoded = decode(entry.inbound)
+            decoded = self._decode(entry.inbound)
             expires = entry.inbound.expires_ms
             if isinstance(decoded, proto.ErrorReply):  # it decoded once; a newer bridge may not
                 self._send_error(decoded, key)
@@ -132,7 +151,7 @@ class Delivery:
             log.info("re-submitted %d request(s) recorded before the last stop", len(pending))
         return len(pending)
 
-    def _send_error(self, error: proto.ErrorReply, key: Key) -> None:
+    def _send_error(self, error: proto.ErrorReply, key: Key | None) -> None:
         payload = proto.encode(error.to_dict(), fmt=error.fmt)
         self._send(Outgoing(error.reply_to, payload, error.correlation, error.fmt, key, True))
 

@@ -190,6 +190,15 @@ class Journal:
             return True
         return Answer(row[1], bytes(row[2]), _unpack(row[3]))
 
+    def original(self, key: Sequence[str]) -> Inbound | None:
+        """The message recorded under ``key`` (what it asked), or ``None``."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT topic, payload, properties, received_ms FROM requests WHERE key = ?",
+                (_key_text(key),),
+            ).fetchone()
+        return None if row is None else Inbound._from_row(*row)
+
     def record(self, key: Sequence[str], inbound: Inbound) -> None:
         """Keep ``key`` as pending (replacing an earlier answer); returns once it is durable."""
         with self._lock:

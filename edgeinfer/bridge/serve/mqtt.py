@@ -110,6 +110,7 @@ class Bridge:
         journal = None if config.journal_path is None else Journal(config.journal_path)
         self.delivery = Delivery(
             journal,
+            decode=partial(intake.decode, config=config),
             submit=self.worker.submit,
             send=self._send,
             clock_ms=clock_ms,
@@ -153,7 +154,7 @@ class Bridge:
         """
         self.worker.start()
         self.delivery.start()
-        self.delivery.restart(partial(intake.decode, config=self.config))  # left unanswered
+        self.delivery.restart()  # what a killed bridge left unanswered
         if self.deployer is not None:
             self.deployer.start()
         connect_async(
