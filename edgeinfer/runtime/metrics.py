@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -187,13 +187,18 @@ def _labels(**labels: str | int) -> str:
     return "{" + ",".join(f'{k}="{escape(v)}"' for k, v in labels.items()) + "}"
 
 
-def render_prometheus(snapshots: Iterable[MetricsSnapshot]) -> str:
-    """Render snapshots (one per model) in the Prometheus text exposition format 0.0.4.
+class _Measured(Protocol):
+    def metrics(self) -> MetricsSnapshot: ...
+
+
+def render_prometheus(snapshots: Iterable[MetricsSnapshot | _Measured]) -> str:
+    """Render snapshots (one per model) in the Prometheus text exposition format 0.0.4; a
+    loaded model stands for its snapshot now (``render_prometheus([model])``).
 
     Latencies are exported as summaries in seconds (Prometheus' base unit), quantiles over the
     recent window, ``_sum``/``_count`` cumulative.
     """
-    snaps = list(snapshots)
+    snaps = [s if isinstance(s, MetricsSnapshot) else s.metrics() for s in snapshots]
     lines = [
         "# HELP edgeinfer_latency_seconds Latency per model, task and stage.",
         "# TYPE edgeinfer_latency_seconds summary",

@@ -75,3 +75,14 @@ def test_model_records_latencies_cold_start_and_cache_counts(minilm_int8: Path) 
     assert latency["compute"].count == 2  # per text that ran the graph
     assert snap.cache_hits == {"embed": {"memory": 1}} and snap.cache_misses == {"embed": 2}
     assert 'edgeinfer_cold_start_seconds{model="minilm"}' in render_prometheus([snap])
+
+
+def test_prometheus_takes_models_as_well_as_snapshots(fast_encoder: Path) -> None:
+    """``render_prometheus([model])`` as the README writes it: a model stands for its
+    snapshot (it raised AttributeError: no ``latency_ms`` on a model)."""
+    with edgeinfer.load(fast_encoder, threads=1) as model:
+        model.embed(["pump pressure rising"])
+        from_model = render_prometheus([model])
+        assert from_model == render_prometheus([model.metrics()])
+    assert 'edgeinfer_latency_seconds_count{model="tiny-encoder",task="embed"' in from_model
+    assert "edgeinfer_cold_start_seconds" in from_model
