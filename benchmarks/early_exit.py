@@ -35,8 +35,8 @@ from edgeinfer.export.options import EarlyExitOptions, ExportOptions
 from edgeinfer.export.run import export
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.batching import pad_rows
-from edgeinfer.runtime.early_exit import SegmentRunner
-from edgeinfer.runtime.exit_curve import NEVER_EXIT
+from edgeinfer.runtime.kinds.early_exit import SegmentRunner
+from edgeinfer.runtime.kinds.exit_curve import NEVER_EXIT
 from edgeinfer.runtime.tokenizer import TextTokenizer
 
 BATCH = 16

@@ -1,7 +1,9 @@
 """edgeinfer: fast, small, reliable inference on edge devices.
 
-The public API: ``load()`` a package written by ``edgeinfer export`` and call ``embed`` or
-``classify`` on the ``Model``. Importing this module loads no torch, transformers, optimum or onnx.
+The public API: ``load()`` a package written by ``edgeinfer export``; it returns the class of
+the package's kind (``EmbedModel``, ``ClassifyModel``, ``DetectModel``, ``RawModel``,
+``GenerateModel``; ``Model`` is their base) with that kind's calls. Importing this module loads
+no torch, transformers, optimum or onnx.
 """
 
 from edgeinfer.config import (
@@ -38,6 +40,7 @@ from edgeinfer.errors import (
     ReplyError,
     RequestTimeoutError,
     SlowerQuantizationError,
+    UnsupportedCallError,
 )
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime import (
@@ -106,6 +109,7 @@ __all__ = [
     "SemanticCacheConfig",
     "SlowerQuantizationError",
     "TextChunk",
+    "UnsupportedCallError",
     "__version__",
     "load",
     "render_prometheus",

@@ -8,6 +8,7 @@ so that callers catch one tree and still see the cause.
 
     EdgeInferError                  code
     ├── ConfigError                 config         bad argument, unknown task/target/source
+    │   └── UnsupportedCallError    unsupported_call  a call the package's kind does not have
     ├── MissingDependencyError      missing_extra  an optional extra is not installed
     ├── PackageError                package        a model package cannot be used
     │   ├── ManifestError           manifest       manifest.json missing, malformed, wrong schema
@@ -36,7 +37,9 @@ so that callers catch one tree and still see the cause.
 The CLI maps ``AccuracyGateError``, ``SlowerQuantizationError`` and ``EpCoverageError`` (a
 check that failed) to exit code 1 and every other ``EdgeInferError`` to exit code 2.
 ``BrokerUnavailableError`` and ``RequestTimeoutError`` are also built-in ``TimeoutError``s, so
-callers that caught those still do.
+callers that caught those still do; ``UnsupportedCallError`` is also an ``AttributeError``, so
+``hasattr(model, "generate")`` and ``getattr(model, "max_sequences", 1)`` answer as for any
+object without the member.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ __all__ = [
     "ReplyError",
     "RequestTimeoutError",
     "SlowerQuantizationError",
+    "UnsupportedCallError",
 ]
 
 
@@ -80,6 +84,13 @@ class ConfigError(EdgeInferError, ValueError):
     """An argument or configuration value is invalid."""
 
     code = "config"
+
+
+class UnsupportedCallError(ConfigError, AttributeError):
+    """A call that the loaded package's kind does not have (``classify`` on a ``raw``
+    package); the message names the class that has it."""
+
+    code = "unsupported_call"
 
 
 class MissingDependencyError(EdgeInferError, ImportError):

@@ -21,8 +21,8 @@ from rich.table import Table
 from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import Manifest
-from edgeinfer.runtime.early_exit import EXIT_POLICIES, ExitPolicy, SegmentRunner
-from edgeinfer.runtime.exit_curve import NEVER_EXIT, sweep, trace_inputs
+from edgeinfer.runtime.kinds.early_exit import EXIT_POLICIES, ExitPolicy, SegmentRunner
+from edgeinfer.runtime.kinds.exit_curve import NEVER_EXIT, sweep, trace_inputs
 from edgeinfer.runtime.tokenizer import TextTokenizer
 
 __all__ = ["curve_table", "plot_curve", "run_curve"]

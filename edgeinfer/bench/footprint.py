@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.bench.installed import DistributionSize, distribution_sizes, loaded_distributions
-from edgeinfer.errors import EdgeInferError, InferenceError
+from edgeinfer.errors import ConfigError, EdgeInferError, InferenceError
 
 __all__ = [
     "Breakdown",
@@ -160,7 +160,7 @@ def measure_serving(
     from edgeinfer.config import RuntimeConfig, default_cache_dir
     from edgeinfer.manifest import Manifest
     from edgeinfer.package_io import DecoderIO
-    from edgeinfer.runtime import load, memory
+    from edgeinfer.runtime import ClassifyModel, EmbedModel, GenerateModel, load, memory
     from edgeinfer.runtime.generate.lm_tokenizer import JsonTokenizer, load_tokenizer
 
     folder = Path(package)
@@ -180,16 +180,20 @@ def measure_serving(
         folder, config=RuntimeConfig(threads=threads, file_backed_prepacks=file_backed_prepacks)
     )
     kv_tokens = kv_per_token = 0
-    if model.task == "generate":
+    if isinstance(model, GenerateModel):
         result = model.generate(SAMPLE_PROMPT, max_new_tokens=SAMPLE_NEW_TOKENS)
         lm = manifest.io_as(DecoderIO)
         itemsize = 2 if lm.kv_dtype == "float16" else 4
         kv_per_token = 2 * lm.num_layers * lm.num_kv_heads * lm.head_dim * itemsize
         kv_tokens = result.prompt_tokens + len(result.token_ids)
-    elif model.task == "classify":
+    elif isinstance(model, ClassifyModel):
         model.classify(list(SAMPLE_TEXTS))
-    else:
+    elif isinstance(model, EmbedModel):
         model.embed(list(SAMPLE_TEXTS))
+    else:
+        raise ConfigError(
+            f"the footprint serves text and generate packages; {folder} is {model.task!r}"
+        )
     serving = memory_usage()
     weights = [folder, default_cache_dir() / "prepacked"] if file_backed_prepacks else [folder]
     found = breakdown_of(

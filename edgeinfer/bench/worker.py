@@ -45,20 +45,22 @@ def serve(reply: Reply, measure: Callable[[int, int], dict[str, Any]]) -> None:
 
 
 def _package_runner(spec: dict[str, Any]) -> Callable[[list[str]], object]:
-    from edgeinfer import load
+    from edgeinfer import ClassifyModel, ConfigError, EmbedModel, load
     from edgeinfer.package_io import ImageClassifierIO
 
     model = load(spec["path"], threads=spec["threads"])
     io = model.manifest.io
-    if isinstance(io, ImageClassifierIO):  # seeded noise, one image per text
+    if isinstance(model, ClassifyModel) and isinstance(io, ImageClassifierIO):  # seeded noise
         import numpy as np
 
         shape = (len(spec["texts"]), io.image.height, io.image.width, 3)
         images = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
         return lambda texts: model.classify(images, batch_size=len(images))
-    if model.task == "classify":
+    if isinstance(model, ClassifyModel):
         return lambda texts: model.classify(texts, batch_size=len(texts))
-    return lambda texts: model.embed(texts, batch_size=len(texts))
+    if isinstance(model, EmbedModel):
+        return lambda texts: model.embed(texts, batch_size=len(texts))
+    raise ConfigError(f"bench runs embed and classify packages; {spec['path']} is {model.task!r}")
 
 
 def _torch_runner(spec: dict[str, Any]) -> Callable[[list[str]], object]:

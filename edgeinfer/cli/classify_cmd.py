@@ -37,13 +37,13 @@ def classify(
     import numpy as np
 
     from edgeinfer.errors import ConfigError, InputError
-    from edgeinfer.runtime.early_exit import exit_policy as parse_policy
-    from edgeinfer.runtime.model import load
+    from edgeinfer.runtime.kinds.classify import ClassifyModel
+    from edgeinfer.runtime.kinds.early_exit import exit_policy as parse_policy
 
     if (image is None) == (not texts):
         raise ConfigError("give texts to classify, or --image PHOTO|FILE.npy (not both)")
     policy = None if exit_policy is None else parse_policy(exit_policy)
-    model = load(package, threads=threads)
+    model = ClassifyModel.load(package, threads=threads)
     if image is not None and image.suffix != ".npy":
         results = model.classify(str(image), exit_threshold=exit_threshold, exit_policy=policy)
         names = [image.name]

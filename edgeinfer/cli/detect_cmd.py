@@ -26,9 +26,9 @@ def detect(
 ) -> None:
     """Detect objects in an image; print label, score and box (x1, y1, x2, y2 in the image's
     pixels), best first."""
-    from edgeinfer.runtime.model import load
+    from edgeinfer.runtime.kinds.detect import DetectModel
 
-    with load(package, threads=threads) as model:
+    with DetectModel.load(package, threads=threads) as model:
         (found,) = model.detect(str(image), score_threshold=score_threshold)
     rows = [
         {"label": d.label, "score": round(d.score, 6), "box": [round(v, 2) for v in d.box]}

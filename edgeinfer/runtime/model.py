@@ -1,21 +1,23 @@
-"""``load()`` and the ``Model`` facade: package -> verified files -> the backend of its kind ->
-warm -> answers.
+"""``Model``, what every package kind shares, and ``load()``: package -> verified files -> the
+class of its kind -> warm -> answers.
 
-The backend is chosen from the manifest's ``io.kind`` alone (``BACKENDS``); ``Model`` forwards
-every call to it and owns what all kinds share: the load timings and the metrics.
+Each kind is a subclass in ``kinds/`` (``EmbedModel``, ``ClassifyModel``, ``DetectModel``,
+``RawModel``, ``GenerateModel``) that names the manifest ``io.kind`` values it serves
+(``IO_KINDS``) and declares its own calls; ``load()`` picks the class from ``io.kind`` alone.
+``Model`` owns the manifest, the providers, the metrics, the load timings and ``close``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-import numpy as np
-
+from edgeinfer import providers as eps
 from edgeinfer.config import (
     BatchConfig,
     CacheConfig,
@@ -23,55 +25,30 @@ from edgeinfer.config import (
     PrefixCacheConfig,
     RuntimeConfig,
 )
+from edgeinfer.errors import ConfigError, PackageError, UnsupportedCallError
 from edgeinfer.manifest import Manifest
-from edgeinfer.package_io import ExitSegmentsIO
-from edgeinfer.runtime.backends import Backend, BackendOptions, GenerateBackend
-from edgeinfer.runtime.detect import DetectBackend
-from edgeinfer.runtime.early_exit import ExitPolicy
-from edgeinfer.runtime.generate.chat import Prompt
-from edgeinfer.runtime.generate.streaming import GenerateOptions, GenerationResult, TextChunk
-from edgeinfer.runtime.image import ImageBackend
 from edgeinfer.runtime.metrics import Metrics, MetricsSnapshot
-from edgeinfer.runtime.raw import RawBackend
-from edgeinfer.runtime.tasks import ClassificationResult, Detection, EmbeddingResult
-from edgeinfer.runtime.text import TextBackend
+from edgeinfer.runtime.session import GraphSession
 
-if TYPE_CHECKING:
-    from typing_extensions import Unpack  # annotations only: no runtime dependency
-
-__all__ = ["BACKENDS", "Model", "load"]
+__all__ = ["DEFAULT_BATCH_SIZE", "Model", "load", "narrow"]
 
 log = logging.getLogger(__name__)
 
-# Texts per graph run: big enough to fill the cores, small enough to bound activation memory.
+# Texts or images per graph run: big enough to fill the cores, small enough to bound
+# activation memory.
 DEFAULT_BATCH_SIZE = 32
 
-
-def _segments_backend(path: Path, manifest: Manifest, options: BackendOptions) -> Backend:
-    """Exit segments take texts or images, as their io says."""
-    io = manifest.io_as(ExitSegmentsIO)
-    backend = TextBackend if io.input == "text" else ImageBackend
-    return backend(path, manifest, options)
-
-
-# io.kind -> the backend that serves it.
-BACKENDS: dict[str, Callable[[Path, Manifest, BackendOptions], Backend]] = {
-    "text-encoder": TextBackend,
-    "text-classifier": TextBackend,
-    "exit-segments": _segments_backend,
-    "image-classifier": ImageBackend,
-    "image-detector": DetectBackend,
-    "decoder": GenerateBackend,
-    "raw": RawBackend,
-}
+M = TypeVar("M", bound="Model")
 
 
 class Model:
-    """A loaded, warmed model package. Create it with ``edgeinfer.load``.
+    """A loaded, warmed model package: what every kind has. ``edgeinfer.load`` returns the
+    class of the package's kind (``EmbedModel``, ``ClassifyModel``, ``DetectModel``,
+    ``RawModel``, ``GenerateModel``), so ``isinstance`` tells mypy which calls it has; a call
+    of another kind raises ``UnsupportedCallError`` (a ``ConfigError`` and an
+    ``AttributeError``) naming the class that has it.
 
-    Calls are thread-safe. With a ``BatchConfig``, concurrent calls are gathered into dynamic
-    batches; with a ``CacheConfig``, answers are cached (see ``docs/cache.md``). A call the
-    package's kind does not serve raises ``ConfigError`` naming the kind.
+    Calls are thread-safe.
 
     Attributes:
         path: the package folder.
@@ -82,250 +59,203 @@ class Model:
         load_breakdown_ms: the same time split into ``verify``, ``session`` and ``warmup``.
     """
 
-    def __init__(
-        self,
-        path: Path,
-        manifest: Manifest,
-        *,
-        config: RuntimeConfig,
-        cache: CacheConfig | None = None,
-        batching: BatchConfig | None = None,
-        prefix_cache: PrefixCacheConfig | None = None,
-        continuous_batching: ContinuousBatchConfig | None = None,
-        load_started_s: float | None = None,
-        verify_ms: float = 0.0,
-    ) -> None:
-        started = time.perf_counter()
+    TASK: ClassVar[str] = ""  # the manifest task a kind serves
+    IO_KINDS: ClassVar[tuple[str, ...]] = ()  # the manifest io.kind values a kind serves
+    OPTIONS: ClassVar[tuple[str, ...]] = ()  # the optional load() features a kind takes
+
+    providers: list[str]
+
+    def __init__(self, path: Path, manifest: Manifest, *, config: RuntimeConfig) -> None:
         self.path = path
         self.manifest = manifest
         self.config = config
         self._metrics = Metrics(model=manifest.name)
-        options = BackendOptions(
-            config=config,
-            metrics=self._metrics,
-            cache=cache,
-            batching=batching,
-            prefix_cache=prefix_cache,
-            continuous_batching=continuous_batching,
-            load=lambda package: load(package, config=config),
+        self.cold_start_ms = 0.0
+        self.load_breakdown_ms: dict[str, float] = {}
+
+    @classmethod
+    def load(
+        cls: type[M],
+        package: str | Path,
+        *,
+        providers: Sequence[str] | None = None,
+        threads: int | None = None,
+        verify: bool = True,
+        config: RuntimeConfig | None = None,
+        cache: CacheConfig | None = None,
+        batching: BatchConfig | None = None,
+        prefix_cache: PrefixCacheConfig | None = None,
+        continuous_batching: ContinuousBatchConfig | None = None,
+    ) -> M:
+        """Load a model package, verify it, start its session and warm it up.
+
+        ``edgeinfer.load`` (``Model.load``) returns the class of the package's kind; a kind's
+        own ``load`` (``EmbedModel.load``, ...) returns that class or raises ``PackageError``
+        naming the class for the package.
+
+        Args:
+            package: the package folder written by ``edgeinfer export``.
+            providers: execution providers in order of preference (aliases like ``cuda`` or
+                ORT names); default: the package's own order. CPU is always the fallback.
+            threads: intra-op threads (default: every core).
+            verify: check each file's sha256 against the manifest before loading
+                (recommended); even without it, a package holding a symbolic link or a file
+                its manifest does not list is refused.
+            config: a full ``RuntimeConfig``; the keyword arguments above override its fields.
+            cache: cache results (memory LRU, SQLite, optional semantic cache) of embed and
+                text classify packages; ``None``: off.
+            batching: gather concurrent calls of embed and text classify packages into
+                dynamic batches; ``None``: each call runs alone.
+            prefix_cache: keep a generate package's system-prompt keys/values on disk across
+                restarts (see ``docs/generation.md``); ``None``: in memory only.
+            continuous_batching: decode several of a generate package's requests together
+                (calls from several threads share each graph run); ``None``: one at a time.
+
+        Raises:
+            ManifestError, IntegrityError, PackageError, ProviderError, ConfigError.
+        """
+        started = time.perf_counter()
+        path = Path(package)
+        base = config or RuntimeConfig()
+        config = replace(
+            base,
+            providers=tuple(providers) if providers is not None else base.providers,
+            threads=threads if threads is not None else base.threads,
+            verify=verify and base.verify,
         )
-        self._backend = BACKENDS[manifest.io.kind](path, manifest, options)
-        self.providers: list[str] = self._backend.providers
+        manifest = Manifest.read(path)
+        kind = _kind(cls, path, manifest)
+        features: dict[str, Any] = {
+            "cache": cache,
+            "batching": batching,
+            "prefix_cache": prefix_cache,
+            "continuous_batching": continuous_batching,
+        }
+        _refuse_features(kind, manifest, [name for name, v in features.items() if v is not None])
+        verified = time.perf_counter()
+        if config.verify:
+            manifest.verify(path)
+        else:  # no hashing, but never a link or an unlisted file: a graph could read either
+            manifest.check_layout(path)
+        opened = time.perf_counter()
+        model = kind(path, manifest, config=config, **{n: features[n] for n in kind.OPTIONS})
         session_done = time.perf_counter()
-        self._backend.warm_up(config.warmup_runs)
+        model._warm_up(config.warmup_runs)
         ready = time.perf_counter()
-        self.load_breakdown_ms = {
-            "verify": verify_ms,
-            "session": (session_done - started) * 1e3,
+        model.load_breakdown_ms = {
+            "verify": (opened - verified) * 1e3,
+            "session": (session_done - opened) * 1e3,
             "warmup": (ready - session_done) * 1e3,
         }
-        self.cold_start_ms = (ready - (load_started_s or started)) * 1e3
-        self._metrics.mark_ready(self.cold_start_ms)
+        model.cold_start_ms = (ready - started) * 1e3
+        model._metrics.mark_ready(model.cold_start_ms)
+        log.info("loaded %s in %.1f ms (%s)", path, model.cold_start_ms, ", ".join(model.providers))
+        return model
 
     @property
     def task(self) -> str:
-        """The package's task: ``embed``, ``classify``, ``generate`` or ``raw``."""
+        """The package's task: ``embed``, ``classify``, ``detect``, ``generate`` or ``raw``."""
         return self.manifest.task
-
-    def embed(
-        self,
-        texts: str | Sequence[str],
-        *,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        truncate: bool = True,
-    ) -> np.ndarray:
-        """Embed texts: pooling over tokens, then L2 normalization (as the source does).
-
-        Args:
-            texts: one text or a sequence of texts.
-            batch_size: texts per graph run (with dynamic batching: its ``max_batch_size``).
-            truncate: cut texts longer than the model's window; if False they raise ``InputError``.
-
-        Returns:
-            float32 array [N, D], row i for text i. ``embed_with_info`` also says which rows
-            came from the cache and how long each waited and ran.
-        """
-        answers = self._backend.embed_with_info(texts, batch_size=batch_size, truncate=truncate)
-        return np.stack([a.vector for a in answers]).astype(np.float32, copy=False)
-
-    def embed_with_info(
-        self,
-        texts: str | Sequence[str],
-        *,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        truncate: bool = True,
-    ) -> list[EmbeddingResult]:
-        """As ``embed``, one ``EmbeddingResult`` per text: its vector (read-only), whether it
-        came from the cache, and its queue and compute time."""
-        return self._backend.embed_with_info(texts, batch_size=batch_size, truncate=truncate)
-
-    def classify(
-        self,
-        inputs: str | Path | Sequence[Any] | np.ndarray,
-        *,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        truncate: bool = True,
-        exit_threshold: float | None = None,
-        exit_policy: ExitPolicy | None = None,
-    ) -> list[ClassificationResult]:
-        """Classify texts or images; one ``ClassificationResult`` per input, in input order
-        (its ``cached``, ``queue_ms`` and ``compute_ms`` say where the answer came from).
-
-        Image packages take pictures as callers hold them: a file path, a Pillow image, a uint8
-        RGB array [H, W, 3] of any size, a list of those, or a uint8 batch [N, H, W, 3]; each
-        is resized and cropped as the manifest's ``io.image`` says (Pillow, the ``images``
-        extra, is needed unless the arrays already have the package's size). The normalized
-        float32 [N, 3, H, W] the graph takes passes as it is. An image early-exit package
-        takes float32 intensities in [0, 1], [N, 1, H, W] or [N, H, W].
-
-        On an early-exit package an input is answered by the first exit head where
-        ``exit_policy`` (``max_softmax``, ``entropy`` or ``patience``; default: the one chosen
-        at export) passes ``exit_threshold`` (default: the calibrated one) and ``exit_layer``
-        names that head's layer (see docs/early_exit.md).
-        """
-        return self._backend.classify(
-            inputs,
-            batch_size=batch_size,
-            truncate=truncate,
-            exit_threshold=exit_threshold,
-            exit_policy=exit_policy,
-        )
-
-    def generate(self, prompt: Prompt, **options: Unpack[GenerateOptions]) -> GenerationResult:
-        """Complete ``prompt`` (text, or chat messages rendered with the package's template).
-        ``options``: ``max_new_tokens`` (128), ``sampling`` (greedy), ``stop`` strings and
-        ``timeout_s`` (see ``Generator.generate``).
-
-        Stops at the end-of-text token, a ``stop`` string, ``max_new_tokens`` or ``timeout_s``.
-        Raises ``ContextLengthExceededError`` before any work when the prompt plus
-        ``max_new_tokens`` exceeds the package's context length.
-        """
-        return self._backend.generate(prompt, **options)
-
-    def stream(self, prompt: Prompt, **options: Unpack[GenerateOptions]) -> Iterator[TextChunk]:
-        """As ``generate``, yielding text as it is decoded (never half a character)."""
-        return self._backend.stream(prompt, **options)
-
-    def warm_prefix(self, prefix: str) -> int:
-        """Load (or prefill and store) the keys/values of text every prompt starts with;
-        returns its token count. A chat's system message needs no call: it is kept
-        automatically. See ``docs/generation.md``."""
-        return self._backend.warm_prefix(prefix)
-
-    def detect(self, images: Any, *, score_threshold: float | None = None) -> list[list[Detection]]:
-        """A detector package's detections per image (paths, Pillow images, uint8 RGB
-        arrays), best first, boxes x1, y1, x2, y2 in each image's own pixels; NMS as the
-        manifest says (``score_threshold`` overrides its threshold). See docs/onnx.md."""
-        return self._backend.detect(images, score_threshold=score_threshold)
-
-    def run(self, feeds: Mapping[str, Any], *, stream: str | None = None) -> dict[str, np.ndarray]:
-        """Run a ``raw`` package's graph: input name -> array in, output name -> array out.
-
-        With ``stream`` (any name: a microphone, a device), a stateful graph's state inputs
-        come from that stream's previous call (zeros on its first) and its state outputs are
-        kept for the next one instead of being returned; without it, every call stands alone.
-        See docs/onnx.md.
-        """
-        return self._backend.run(feeds, stream=stream)
-
-    def end_stream(self, stream: str) -> None:
-        """Forget ``stream``'s state: its next ``run`` starts afresh."""
-        self._backend.end_stream(stream)
-
-    @property
-    def max_sequences(self) -> int:
-        """Generations this model decodes at once: ``continuous_batching``'s slots, else 1."""
-        return self._backend.max_sequences
-
-    def generation_stats(self) -> dict[str, Any] | None:
-        """Continuous batching now: active and waiting sequences, tokens/s over the last
-        10 s, inter-token p50/p99 and queue-wait p50 (ms), KV bytes; ``None`` without it."""
-        return self._backend.generation_stats()
 
     def metrics(self) -> MetricsSnapshot:
         """A snapshot of this model's latencies (p50/p95/p99), cold start and cache counts.
-        ``edgeinfer.render_prometheus([model.metrics()])`` writes it for Prometheus."""
+        ``edgeinfer.render_prometheus([model])`` writes it for Prometheus."""
         return self._metrics.snapshot()
 
-    def clear_cache(self) -> None:
-        """Empty this model's result caches (memory, its SQLite file, the semantic cache)."""
-        self._backend.clear_cache()
-
     def close(self) -> None:
-        """Stop the batching threads and close the cache file; later calls may fail."""
-        self._backend.close()
+        """Stop the model's threads and close its files; later calls may fail (kinds without
+        either: nothing to do)."""
 
-    def __enter__(self) -> Model:
+    def _warm_up(self, runs: int) -> None:
+        """Run ``runs`` throw-away requests so the first real one pays no allocation."""
+
+    def _open_graph(self, graph: str) -> GraphSession:
+        """A session of the package's ``graph`` on the requested providers (default: the
+        package's own order)."""
+        requested = eps.resolve(self.config.providers or tuple(self.manifest.providers))
+        return GraphSession(self.path / graph, providers=requested, config=self.config)
+
+    def __enter__(self: M) -> M:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
     def __repr__(self) -> str:
         return (
-            f"Model({self.manifest.name!r}, kind={self.manifest.io.kind!r}, "
+            f"{type(self).__name__}({self.manifest.name!r}, kind={self.manifest.io.kind!r}, "
             f"precision={self.manifest.precision!r}, providers={self.providers})"
         )
 
+    if not TYPE_CHECKING:  # for mypy a kind has its own calls only
 
-def load(
-    package: str | Path,
-    *,
-    providers: Sequence[str] | None = None,
-    threads: int | None = None,
-    verify: bool = True,
-    config: RuntimeConfig | None = None,
-    cache: CacheConfig | None = None,
-    batching: BatchConfig | None = None,
-    prefix_cache: PrefixCacheConfig | None = None,
-    continuous_batching: ContinuousBatchConfig | None = None,
-) -> Model:
-    """Load a model package, verify it, start its session and warm it up.
+        def __getattr__(self, name: str) -> Any:
+            """Another kind's call: an error that says which class has it."""
+            owners = _owners_of(name)
+            if not owners:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            raise UnsupportedCallError(
+                f"{self.path.name} is a {self.manifest.io.kind!r} package (task "
+                f"{self.task!r}, {type(self).__name__}); it has no {name}(): "
+                + " and ".join(f"{k.__name__} ({k.TASK} packages)" for k in owners)
+                + (" have it" if len(owners) > 1 else " has it")
+            )
 
-    Args:
-        package: the package folder written by ``edgeinfer export``.
-        providers: execution providers in order of preference (aliases like ``cuda`` or ORT
-            names); default: the package's own order. CPU is always the fallback.
-        threads: intra-op threads (default: every core).
-        verify: check each file's sha256 against the manifest before loading (recommended);
-            even without it, a package holding a symbolic link or a file its manifest does
-            not list is refused.
-        config: a full ``RuntimeConfig``; the keyword arguments above override its fields.
-        cache: cache results (memory LRU, SQLite, optional semantic cache); ``None``: off.
-        batching: gather concurrent calls into dynamic batches; ``None``: each call runs alone.
-        prefix_cache: keep a generate package's system-prompt keys/values on disk across
-            restarts (see ``docs/generation.md``); ``None``: in memory only.
-        continuous_batching: decode several of a generate package's requests together (calls
-            from several threads share each graph run); ``None``: one at a time.
 
-    Raises:
-        ManifestError, IntegrityError, PackageError, ProviderError, ConfigError.
-    """
-    started = time.perf_counter()
-    path = Path(package)
-    base = config or RuntimeConfig()
-    config = replace(
-        base,
-        providers=tuple(providers) if providers is not None else base.providers,
-        threads=threads if threads is not None else base.threads,
-        verify=verify and base.verify,
-    )
-    manifest = Manifest.read(path)
-    verified = time.perf_counter()
-    if config.verify:
-        manifest.verify(path)
-    else:  # no hashing, but never a link or an unlisted file: a graph could read either
-        manifest.check_layout(path)
-    model = Model(
-        path,
-        manifest,
-        config=config,
-        cache=cache,
-        batching=batching,
-        prefix_cache=prefix_cache,
-        continuous_batching=continuous_batching,
-        load_started_s=started,
-        verify_ms=(time.perf_counter() - verified) * 1e3,
-    )
-    log.info("loaded %s in %.1f ms (%s)", path, model.cold_start_ms, ", ".join(model.providers))
+load = Model.load
+
+
+def narrow(model: Model, kind: type[M]) -> M:
+    """``model`` as ``kind`` (for code that takes any ``Model``); ``PackageError`` when it is
+    a package of another kind."""
+    if not isinstance(model, kind):
+        raise PackageError(
+            f"{model.path.name} is a {model.task!r} package, not a {kind.TASK!r} one"
+        )
     return model
+
+
+def _kinds(base: type[M]) -> Iterator[type[M]]:
+    """``base`` and every class below it, parents first."""
+    yield base
+    for sub in base.__subclasses__():
+        yield from _kinds(sub)
+
+
+def _owners_of(call: str) -> list[type[Model]]:
+    """The kinds that declare ``call`` (a public member ``Model`` does not have)."""
+    if call.startswith("_") or hasattr(Model, call):
+        return []
+    return [kind for kind in _kinds(Model) if call in vars(kind)]
+
+
+def _kind(cls: type[M], path: Path, manifest: Manifest) -> type[M]:
+    """The class under ``cls`` that serves the package's ``io.kind``; ``PackageError`` naming
+    the class that does when it is another one."""
+    io_kind = manifest.io.kind
+    kind: type[M] | None = next((k for k in _kinds(cls) if io_kind in k.IO_KINDS), None)
+    if kind is not None:
+        return kind
+    owner: type[Model] | None = next((k for k in _kinds(Model) if io_kind in k.IO_KINDS), None)
+    if owner is None:
+        raise PackageError(f"{path}: no class of this edgeinfer serves {io_kind!r} packages")
+    raise PackageError(
+        f"{path} is a {manifest.task!r} package ({io_kind!r}); {cls.__name__}.load loads "
+        f"{cls.TASK} packages: load it with {owner.__name__}.load or edgeinfer.load"
+    )
+
+
+def _refuse_features(kind: type[Model], manifest: Manifest, given: list[str]) -> None:
+    """``ConfigError`` for a load() feature the package's kind does not take."""
+    for name in given:
+        if name not in kind.OPTIONS:
+            takers = [k.TASK for k in _kinds(Model) if name in k.OPTIONS]
+            raise ConfigError(
+                f"{name} serves {' and '.join(takers)} packages; load this {manifest.task!r} "
+                f"package ({manifest.io.kind!r}) without it"
+            )

@@ -32,6 +32,12 @@ import numpy as np
 
 from edgeinfer.errors import PackageError
 from edgeinfer.package_io import DecoderIO, ImageClassifierIO, ImageDetectorIO, RawIO
+from edgeinfer.runtime.kinds.classify import ClassifyModel
+from edgeinfer.runtime.kinds.detect import DetectModel
+from edgeinfer.runtime.kinds.embed import EmbedModel
+from edgeinfer.runtime.kinds.generate import GenerateModel
+from edgeinfer.runtime.kinds.raw import RawModel
+from edgeinfer.runtime.model import narrow
 
 if TYPE_CHECKING:
     from edgeinfer.runtime.model import Model
@@ -70,7 +76,7 @@ def record(model: Model, inputs: Sequence[Any]) -> tuple[dict[str, Any], dict[st
         cases = _raw_cases(model, inputs, arrays)
     elif isinstance(io, ImageDetectorIO):
         cases = _detection_cases(model, inputs)
-    elif model.task == "embed":
+    elif isinstance(model, EmbedModel):
         vectors = model.embed([str(t) for t in inputs[:_CASES]])
         cases = [
             {"text": str(t), "vector": [round(float(x), 5) for x in v]}
@@ -114,7 +120,7 @@ def _raw_cases(
             else:
                 case["feeds"][name] = key
                 fed[name] = new[key] = value
-        for name, value in model.run(fed).items():
+        for name, value in narrow(model, RawModel).run(fed).items():
             flat = np.asarray(value).reshape(-1)
             stride = max(1, math.ceil(flat.size / MAX_OUTPUT_VALUES))
             key = f"case{index}/output/{name}"
@@ -182,7 +188,7 @@ def _check_case(
     model: Model, case: dict[str, Any], tolerance: dict[str, Any], arrays: dict[str, np.ndarray]
 ) -> str | None:
     if "vector" in case:
-        got = model.embed(case["text"])[0]
+        got = narrow(model, EmbedModel).embed(case["text"])[0]
         want = np.asarray(case["vector"], np.float32)
         cosine = float(got @ want / max(np.linalg.norm(got) * np.linalg.norm(want), 1e-12))
         limit = float(tolerance.get("min_cosine", MIN_COSINE))
@@ -194,7 +200,7 @@ def _check_case(
     if "feeds" in case:
         relative = float(tolerance.get("raw_relative", RAW_RELATIVE))
         return _check_outputs(model, case, relative, arrays)
-    result = model.classify(_input(model, case))[0]
+    result = narrow(model, ClassifyModel).classify(_input(model, case))[0]
     if case["decided"] and result.label != case["label"]:
         return f"label {result.label!r}, expected {case['label']!r}"
     moved = abs(result.scores.get(case["label"], 0.0) - float(case["score"]))
@@ -213,7 +219,7 @@ def _check_outputs(
         wanted = {name: arrays[key] for name, key in case["outputs"].items()}
     except KeyError as exc:
         return f"its smoke arrays lack {exc}"
-    got = model.run(feeds)
+    got = narrow(model, RawModel).run(feeds)
     for name, recorded in wanted.items():
         want = recorded.astype(np.float64)
         if name not in got:
@@ -233,7 +239,7 @@ def _detection_cases(model: Model, inputs: Sequence[Any]) -> list[dict[str, Any]
     cases = []
     for item in inputs[:_CASES]:
         case = _encode(model, item)
-        found = model.detect(_input(model, case)[0])[0]
+        found = narrow(model, DetectModel).detect(_input(model, case)[0])[0]
         best = found[0] if found else None
         cases.append(
             {**case, "detection": None if best is None else {
@@ -246,9 +252,9 @@ def _detection_cases(model: Model, inputs: Sequence[Any]) -> list[dict[str, Any]
 def _check_detection(model: Model, case: dict[str, Any]) -> str | None:
     """A decided best detection (``DECIDED`` above the threshold) is found again: same
     label, IoU >= 0.5; any other case only has to run."""
-    from edgeinfer.runtime.detect import iou
+    from edgeinfer.runtime.kinds.detect import iou
 
-    found = model.detect(_input(model, case)[0])[0]
+    found = narrow(model, DetectModel).detect(_input(model, case)[0])[0]
     best = case["detection"]
     threshold = model.manifest.io_as(ImageDetectorIO).score_threshold
     if best is None or float(best["score"]) < threshold + DECIDED:
@@ -263,7 +269,8 @@ def _check_detection(model: Model, case: dict[str, Any]) -> str | None:
 def _label_cases(model: Model, inputs: Sequence[Any]) -> list[dict[str, Any]]:
     """The inputs whose top label leads most, with that label and its probability."""
     encoded = [_encode(model, x) for x in inputs]
-    results = [model.classify(_input(model, case))[0] for case in encoded]
+    classifier = narrow(model, ClassifyModel)
+    results = [classifier.classify(_input(model, case))[0] for case in encoded]
     margins = [_margin(r.scores) for r in results]
     best = sorted(range(len(results)), key=lambda i: -margins[i])[:_CASES]
     return [
@@ -341,7 +348,11 @@ def _greedy_cases(model: Model, prompts: list[str]) -> list[dict[str, Any]]:
 
 def _check_tokens(model: Model, case: dict[str, Any]) -> str | None:
     """Greedy tokens equal up to the first step whose recorded margin is a near-tie."""
-    got = list(model.generate(case["prompt"], max_new_tokens=len(case["tokens"])).token_ids)
+    got = list(
+        narrow(model, GenerateModel)
+        .generate(case["prompt"], max_new_tokens=len(case["tokens"]))
+        .token_ids
+    )
     for step, (want, margin) in enumerate(zip(case["tokens"], case["margins"], strict=True)):
         if margin < TOKEN_MARGIN:
             return None

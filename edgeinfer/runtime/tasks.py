@@ -12,7 +12,7 @@ import numpy as np
 
 from edgeinfer.errors import ConfigError, InputError
 from edgeinfer.package_io import ImageSpec, Scores
-from edgeinfer.runtime.pictures import pictures_to_batch
+from edgeinfer.runtime.kinds.pictures import pictures_to_batch
 
 __all__ = [
     "ClassificationCodec",

@@ -22,7 +22,8 @@ def test_a_yolo_graph_becomes_a_detector_with_boxes_in_picture_pixels(
     import onnxruntime
 
     from edgeinfer.export.run import export
-    from edgeinfer.runtime import detect, pictures, smoke
+    from edgeinfer.runtime import smoke
+    from edgeinfer.runtime.kinds import detect, pictures
     from edgeinfer.runtime.tasks import prepare_images
 
     graph = yolo_like(tmp_path / "yolo.onnx", size=32, boxes=(32, 0, 8, 4))
@@ -37,6 +38,7 @@ def test_a_yolo_graph_becomes_a_detector_with_boxes_in_picture_pixels(
     assert manifest["accuracy"]["value"]["outputs"]["output0"]["metric"] == "detection_f1"
     picture = np.random.default_rng(0).integers(0, 256, size=(48, 80, 3), dtype=np.uint8)
     with edgeinfer.load(out) as model:
+        assert type(model) is edgeinfer.DetectModel and not hasattr(model, "classify")
         (found,) = model.detect(picture)
         smoke.check(model)
         spec = model.manifest.io.image  # type: ignore[union-attr]
@@ -64,7 +66,7 @@ def test_a_yolox_head_is_decoded_on_its_grids_with_the_given_preprocessing(tmp_p
     import onnxruntime
 
     from edgeinfer.export.run import export
-    from edgeinfer.runtime import pictures
+    from edgeinfer.runtime.kinds import pictures
     from edgeinfer.runtime.tasks import prepare_images
 
     graph = yolox_like(tmp_path / "yolox.onnx", size=32)

@@ -12,8 +12,8 @@ from edgeinfer.config import CacheConfig, RuntimeConfig
 from edgeinfer.errors import ConfigError, InputError
 from edgeinfer.export.data.digits import digit_split
 from edgeinfer.manifest import Manifest
-from edgeinfer.runtime.early_exit import EXIT_POLICIES, SegmentRunner, first_exit
-from edgeinfer.runtime.exit_curve import NEVER_EXIT
+from edgeinfer.runtime.kinds.early_exit import EXIT_POLICIES, SegmentRunner, first_exit
+from edgeinfer.runtime.kinds.exit_curve import NEVER_EXIT
 
 pytestmark = pytest.mark.slow
 

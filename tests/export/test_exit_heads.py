@@ -15,8 +15,8 @@ from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import ConfigError
 from edgeinfer.export.data.topics import labelled_split
 from edgeinfer.manifest import Manifest
-from edgeinfer.runtime.early_exit import SegmentRunner, first_exit, passes
-from edgeinfer.runtime.exit_curve import NEVER_EXIT
+from edgeinfer.runtime.kinds.early_exit import SegmentRunner, first_exit, passes
+from edgeinfer.runtime.kinds.exit_curve import NEVER_EXIT
 from edgeinfer.runtime.tokenizer import TextTokenizer
 
 TEXTS = [

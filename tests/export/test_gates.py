@@ -16,7 +16,7 @@ from edgeinfer.export.gates.declared import parse_declared
 from edgeinfer.export.gates.sequences import ctc_decode
 from edgeinfer.export.gates.verdict import Verdict
 from edgeinfer.export.options import ExportOptions, OnnxFileOptions
-from edgeinfer.runtime.detect import DecodeConfig, decode
+from edgeinfer.runtime.kinds.detect import DecodeConfig, decode
 
 LOSS = 0.01  # the default budget
 

@@ -19,7 +19,7 @@ from edgeinfer.export.options import ExportOptions
 from edgeinfer.export.passes.validate import qdq_problems
 from edgeinfer.export.run import export
 from edgeinfer.package_io import ImageClassifierIO, ImageSpec
-from edgeinfer.runtime.pictures import pictures_to_batch
+from edgeinfer.runtime.kinds.pictures import pictures_to_batch
 from edgeinfer.runtime.tasks import prepare_images
 
 

@@ -207,7 +207,7 @@ def test_load_serves_generation_through_the_model_facade(tiny_package: Path) -> 
     assert streamed == result.text
     with pytest.raises(ConfigError, match="no embed"):
         model.embed("not an encoder")
-    with pytest.raises(ConfigError, match="generate package without them"):
+    with pytest.raises(ConfigError, match="cache serves embed and classify packages"):
         edgeinfer.load(tiny_package, cache=edgeinfer.CacheConfig(persist=False))
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from edgeinfer.errors import InputError
 from edgeinfer.package_io import ImageSpec
-from edgeinfer.runtime.pictures import MAX_PIXELS, fit, pil
+from edgeinfer.runtime.kinds.pictures import MAX_PIXELS, fit, pil
 
 __all__ = ["MAX_PIXELS", "frames_to_batch", "frames_to_pictures"]
 

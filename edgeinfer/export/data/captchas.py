@@ -20,7 +20,7 @@ import numpy as np
 from edgeinfer.errors import ConfigError
 from edgeinfer.export.data.photos import ImageSplit, photos
 from edgeinfer.package_io import ImageSpec
-from edgeinfer.runtime.pictures import fit
+from edgeinfer.runtime.kinds.pictures import fit
 
 __all__ = ["captcha_views", "click_captchas"]
 

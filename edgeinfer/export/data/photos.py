@@ -28,7 +28,7 @@ import numpy as np
 
 from edgeinfer.errors import ConfigError, MissingDependencyError
 from edgeinfer.package_io import ImageSpec
-from edgeinfer.runtime.pictures import fit, pil
+from edgeinfer.runtime.kinds.pictures import fit, pil
 
 __all__ = ["ImageSplit", "builtin_images", "photos", "read_images", "split_images"]
 

@@ -13,8 +13,8 @@ from edgeinfer.export.context import Candidate
 from edgeinfer.export.gates.verdict import OutputScore, Verdict
 from edgeinfer.export.options import EarlyExitOptions
 from edgeinfer.package_io import ExitSegmentsIO
-from edgeinfer.runtime.early_exit import EXIT_POLICIES
-from edgeinfer.runtime.exit_curve import NEVER_EXIT, ExitTrace, sweep
+from edgeinfer.runtime.kinds.early_exit import EXIT_POLICIES
+from edgeinfer.runtime.kinds.exit_curve import NEVER_EXIT, ExitTrace, sweep
 
 __all__ = ["SegmentsBuilder", "calibrate_policies", "segment_name"]
 

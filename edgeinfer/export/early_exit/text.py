@@ -26,8 +26,8 @@ from edgeinfer.export.early_exit.segments import SegmentsBuilder, segment_name
 from edgeinfer.export.passes import convert, quantize
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import ExitSegmentsIO
-from edgeinfer.runtime.early_exit import SegmentRunner
-from edgeinfer.runtime.exit_curve import ExitTrace, trace_inputs
+from edgeinfer.runtime.kinds.early_exit import SegmentRunner
+from edgeinfer.runtime.kinds.exit_curve import ExitTrace, trace_inputs
 from edgeinfer.runtime.tokenizer import TextTokenizer
 
 __all__ = [

@@ -31,7 +31,7 @@ from edgeinfer.export.gates.probabilities import looks_like_probabilities, proba
 from edgeinfer.export.gates.sequences import sequences
 from edgeinfer.export.gates.state import state
 from edgeinfer.export.gates.verdict import OutputScore, Sample, Verdict
-from edgeinfer.runtime.detect import DecodeConfig
+from edgeinfer.runtime.kinds.detect import DecodeConfig
 
 __all__ = ["Choice", "choose", "judge"]
 

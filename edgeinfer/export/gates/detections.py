@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from edgeinfer.export.gates.verdict import OutputScore, Sample
-from edgeinfer.runtime.detect import DecodeConfig, Decoded, decode, iou
+from edgeinfer.runtime.kinds.detect import DecodeConfig, Decoded, decode, iou
 
 __all__ = ["detections", "looks_like_detections", "match_f1"]
 

@@ -19,8 +19,9 @@ from edgeinfer.export.gates.verdict import Verdict
 from edgeinfer.export.onnx_file.forms import Form
 from edgeinfer.export.vision.preprocessing import spec_from_table
 from edgeinfer.package_io import ImageDetectorIO, PackageIO
-from edgeinfer.runtime import Model
-from edgeinfer.runtime.detect import DecodeConfig, Decoded, Layout, layout_of, yolox_anchors
+from edgeinfer.runtime import DetectModel, Model
+from edgeinfer.runtime.kinds.detect import DecodeConfig, Decoded, Layout, layout_of, yolox_anchors
+from edgeinfer.runtime.model import narrow
 from edgeinfer.runtime.tasks import Detection, prepare_images
 
 __all__ = ["DetectForm"]
@@ -101,7 +102,8 @@ class DetectForm(Form):
         )
 
     def evaluate(self, model: Model) -> list[Decoded]:
-        return [_decoded(model.detect(view)[0]) for view in self.held]
+        detector = narrow(model, DetectModel)
+        return [_decoded(detector.detect(view)[0]) for view in self.held]
 
     def score(self, reference: Any, candidate: Any) -> tuple[Verdict, dict[str, Any], str]:
         name = self.outputs[0].name
@@ -115,8 +117,8 @@ class DetectForm(Form):
         return [{name: prepare_images(view[None], image=self.spec)} for view in self.calibration]
 
     def probe(self, model: Model) -> Callable[[], object]:
-        views = list(self.held[:_PROBE_ITEMS])
-        return lambda: model.detect(views)
+        views, detector = list(self.held[:_PROBE_ITEMS]), narrow(model, DetectModel)
+        return lambda: detector.detect(views)
 
     def smoke_inputs(self) -> list[Any]:
         return list(self.held[:8])

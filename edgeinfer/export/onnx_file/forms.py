@@ -39,7 +39,8 @@ from edgeinfer.package_io import (
     TextClassifierIO,
     TextEncoderIO,
 )
-from edgeinfer.runtime import Model
+from edgeinfer.runtime import ClassifyModel, Model
+from edgeinfer.runtime.model import narrow
 from edgeinfer.runtime.tasks import prepare_images
 
 __all__ = ["Form", "ImageForm", "TextForm"]
@@ -216,8 +217,8 @@ class ImageForm(Form):
         return [{name: prepare_images(view[None], image=self.spec)} for view in self.calibration]
 
     def probe(self, model: Model) -> Callable[[], object]:
-        views = self.held[:_PROBE_ITEMS]
-        return lambda: [model.classify(view[None]) for view in views]
+        views, classifier = self.held[:_PROBE_ITEMS], narrow(model, ClassifyModel)
+        return lambda: [classifier.classify(view[None]) for view in views]
 
     def smoke_inputs(self) -> list[Any]:
         return list(self.held[:8])

@@ -18,7 +18,8 @@ from edgeinfer.export.gates.verdict import Verdict
 from edgeinfer.export.onnx_file.forms import Form
 from edgeinfer.export.onnx_file.user_graph import state_pairs
 from edgeinfer.package_io import PackageIO, RawIO, StateSpec
-from edgeinfer.runtime import Model
+from edgeinfer.runtime import Model, RawModel
+from edgeinfer.runtime.model import narrow
 
 __all__ = ["RawForm"]
 
@@ -99,7 +100,7 @@ class RawForm(Form):
         for stream in self.held:
             state = {s.input: np.zeros(s.shape, np.dtype(s.dtype)) for s in self.state}
             for call in stream:
-                outputs.append(model.run({**call, **state}))
+                outputs.append(narrow(model, RawModel).run({**call, **state}))
                 state = {i: outputs[-1][o] for i, o in self.pairs}
         return outputs
 
@@ -141,11 +142,11 @@ class RawForm(Form):
         return feeds[:_MAX_CALIBRATION_CALLS]
 
     def probe(self, model: Model) -> Callable[[], object]:
-        calls = self.held[0][:8]
+        calls, raw = self.held[0][:8], narrow(model, RawModel)
 
         def run() -> object:
-            outputs = [model.run(call, stream="probe") for call in calls]
-            model.end_stream("probe")
+            outputs = [raw.run(call, stream="probe") for call in calls]
+            raw.end_stream("probe")
             return outputs
 
         return run

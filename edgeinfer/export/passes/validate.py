@@ -13,13 +13,14 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.config import RuntimeConfig
+from edgeinfer.errors import PackageError
 from edgeinfer.export.gates.embeddings import embedding_cosine
 from edgeinfer.export.gates.probabilities import label_agreement
 from edgeinfer.export.gates.verdict import Verdict
 from edgeinfer.export.passes.reference import TorchReference
 from edgeinfer.export.source import Source
 from edgeinfer.package_io import ExitSegmentsIO, ImageClassifierIO, TextClassifierIO
-from edgeinfer.runtime import Model, load
+from edgeinfer.runtime import ClassifyModel, EmbedModel, Model, load
 
 __all__ = ["compare", "load_candidate", "qdq_problems", "run_model", "torch_reference"]
 
@@ -36,11 +37,15 @@ def run_model(model: Model, inputs: Sequence[Any] | np.ndarray) -> np.ndarray:
     """The candidate's outputs in the reference's form: embeddings [N, D] of texts, or class
     probabilities [N, C] of texts or images, in label order."""
     io = model.manifest.io
-    if isinstance(io, (TextClassifierIO, ExitSegmentsIO, ImageClassifierIO)):
+    if isinstance(model, ClassifyModel) and isinstance(
+        io, (TextClassifierIO, ExitSegmentsIO, ImageClassifierIO)
+    ):
         labels = list(io.labels)
         results = model.classify(inputs, batch_size=16)
         return np.array([[r.scores[label] for label in labels] for r in results], np.float32)
-    return model.embed(list(inputs), batch_size=16)
+    if isinstance(model, EmbedModel):
+        return model.embed(list(inputs), batch_size=16)
+    raise PackageError(f"{model.path.name} is a {model.task!r} package: no embeddings or labels")
 
 
 def compare(task: str, reference: np.ndarray, candidate: np.ndarray) -> Verdict:

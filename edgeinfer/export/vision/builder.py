@@ -31,6 +31,8 @@ from edgeinfer.export.passes.sensitivity import Tuning, run_outputs
 from edgeinfer.export.passes.validate import load_candidate, run_model
 from edgeinfer.export.vision.preprocessing import spec_from_processor, spec_from_table
 from edgeinfer.package_io import ImageClassifierIO, PackageIO
+from edgeinfer.runtime import ClassifyModel
+from edgeinfer.runtime.model import narrow
 from edgeinfer.runtime.tasks import prepare_images
 
 __all__ = ["VisionBuilder"]
@@ -248,8 +250,8 @@ class VisionBuilder(GraphBuilder):
         if not self.run.options.target.startswith("cpu-"):
             return None  # an accelerator's speed is not this machine's
         model = load_candidate(self.run.stage_candidate(candidate), self.run.threads)
-        views = self.views[:_PROBE_VIEWS]
-        return lambda: [model.classify(view[None]) for view in views]
+        views, classifier = self.views[:_PROBE_VIEWS], narrow(model, ClassifyModel)
+        return lambda: [classifier.classify(view[None]) for view in views]
 
     def slower_hint(self, candidate: Candidate) -> str:
         return "; try --quantize int8-static" if self.run.quant.mode == "int8" else ""

@@ -238,6 +238,16 @@ class Generator(Decoder):
         if self.engine is not None:
             self.engine.close()
 
+    @property
+    def max_sequences(self) -> int:
+        """Generations decoded at once: the engine's slots with ``batching``, else 1."""
+        return 1 if self.engine is None else self.engine.max_sequences
+
+    def generation_stats(self) -> dict[str, Any] | None:
+        """The continuous-batching engine's figures now (``Engine.stats``); ``None`` without
+        ``batching``."""
+        return None if self.engine is None else self.engine.stats()
+
     def warm_prefix(self, prefix: str) -> int:
         """Put the keys/values of ``prefix`` (a fixed instruction every prompt starts with)
         into the cache: from the prefix store when it holds them, else prefilled and stored.

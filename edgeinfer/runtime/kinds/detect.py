@@ -1,6 +1,6 @@
-"""``image-detector`` packages, and detections from a YOLO-style graph output on the device:
-picture -> letterbox (or stretch) -> graph -> decode -> class-aware NMS -> boxes in the
-picture's own pixels.
+"""``DetectModel``: ``image-detector`` packages, detections from a YOLO-style graph output on
+the device: picture -> letterbox (or stretch) -> graph -> decode -> class-aware NMS -> boxes in
+the picture's own pixels.
 
 Two layouts are common in single-graph detectors (ultralytics exports):
 
@@ -25,19 +25,18 @@ from typing import Any, Literal
 
 import numpy as np
 
-from edgeinfer import providers as eps
-from edgeinfer.errors import ConfigError, InputError
+from edgeinfer.config import RuntimeConfig
+from edgeinfer.errors import InputError
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import ImageDetectorIO, ImageSpec
-from edgeinfer.runtime import pictures
-from edgeinfer.runtime.backends import Backend, BackendOptions
-from edgeinfer.runtime.session import GraphSession
+from edgeinfer.runtime.kinds import pictures
+from edgeinfer.runtime.model import Model
 from edgeinfer.runtime.tasks import Detection, prepare_images
 
 __all__ = [
     "DecodeConfig",
     "Decoded",
-    "DetectBackend",
+    "DetectModel",
     "Layout",
     "decode",
     "iou",
@@ -169,46 +168,49 @@ def _nms(
     return Decoded(boxes=boxes[chosen], scores=scores[chosen], labels=labels[chosen])
 
 
-class DetectBackend(Backend):
-    """An ``image-detector`` package: ``detect(images)`` -> detections per image."""
+class DetectModel(Model):
+    """A ``detect`` package (``image-detector``): object detections per image, NMS on the
+    device. ``DetectModel.load`` loads one (a ``PackageError`` for another kind);
+    ``edgeinfer.load`` returns one for such a package."""
 
-    def __init__(self, path: Path, manifest: Manifest, options: BackendOptions) -> None:
-        super().__init__(path, manifest, options)
-        if options.cache or options.batching or options.prefix_cache:
-            raise ConfigError(f"{path.name} is a detector; load it without caches or batching")
-        self.io = manifest.io_as(ImageDetectorIO)
-        config = options.config
-        requested = eps.resolve(config.providers or tuple(manifest.providers))
-        self.session = GraphSession(path / self.io.graph, providers=requested, config=config)
-        self.providers = self.session.providers
-        self.config = DecodeConfig(
-            score_threshold=self.io.score_threshold,
-            iou_threshold=self.io.iou_threshold,
-            max_detections=self.io.max_detections,
+    TASK = "detect"
+    IO_KINDS = ("image-detector",)
+
+    def __init__(self, path: Path, manifest: Manifest, *, config: RuntimeConfig) -> None:
+        super().__init__(path, manifest, config=config)
+        self._io = manifest.io_as(ImageDetectorIO)
+        self._graph = self._open_graph(self._io.graph)
+        self.providers = self._graph.providers
+        self._decoding = DecodeConfig(
+            score_threshold=self._io.score_threshold,
+            iou_threshold=self._io.iou_threshold,
+            max_detections=self._io.max_detections,
         )
 
     def detect(self, images: Any, *, score_threshold: float | None = None) -> list[list[Detection]]:
-        """Each image's detections, best first, boxes in its own pixels."""
+        """Each image's detections (paths, Pillow images, uint8 RGB arrays), best first, boxes
+        x1, y1, x2, y2 in each image's own pixels; NMS as the manifest says
+        (``score_threshold`` overrides its threshold). See docs/onnx.md."""
         batch = isinstance(images, np.ndarray) and images.ndim == 4  # uint8 [N, H, W, 3]
         items = list(images) if batch or isinstance(images, (list, tuple)) else [images]
         if not items:
             raise InputError("expected at least one image")
-        config = self.config
+        config = self._decoding
         if score_threshold is not None:
             config = DecodeConfig(score_threshold, config.iou_threshold, config.max_detections)
         return [self._one(item, index, config) for index, item in enumerate(items)]
 
     def _one(self, item: Any, index: int, config: DecodeConfig) -> list[Detection]:
         picture = pictures.as_pil(item, index).convert("RGB")
-        pixels = prepare_images(pictures.fit(picture, self.io.image)[None], image=self.io.image)
+        pixels = prepare_images(pictures.fit(picture, self._io.image)[None], image=self._io.image)
         started = time.perf_counter()
-        output = self.session.run({self.io.inputs[0].name: pixels})[0]  # [1, A, N] / [1, N, A]
+        output = self._graph.run({self._io.inputs[0].name: pixels})[0]  # [1, A, N] / [1, N, A]
         elapsed_ms = (time.perf_counter() - started) * 1e3
-        self.metrics.observe("detect", "compute", elapsed_ms)
-        size = (self.io.image.height, self.io.image.width)
-        found = decode(output, config, self.io.layout, size=size)
-        boxes = _to_picture(found.boxes, picture.size, self.io.image)  # [K, 4]
-        labels = self.io.labels
+        self._metrics.observe("detect", "compute", elapsed_ms)
+        size = (self._io.image.height, self._io.image.width)
+        found = decode(output, config, self._io.layout, size=size)
+        boxes = _to_picture(found.boxes, picture.size, self._io.image)  # [K, 4]
+        labels = self._io.labels
         return [
             Detection(box=(b[0], b[1], b[2], b[3]), label=labels[int(k)], score=float(s))
             for b, k, s in zip(boxes.tolist(), found.labels, found.scores, strict=True)

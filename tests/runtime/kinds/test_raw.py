@@ -10,7 +10,7 @@ import pytest
 
 import edgeinfer
 from edgeinfer.errors import ConfigError, InputError
-from edgeinfer.runtime import raw
+from edgeinfer.runtime.kinds import raw
 
 pytestmark = pytest.mark.slow  # the package is exported once per session
 
@@ -36,8 +36,7 @@ def test_streams_are_bounded(raw_package: Path, monkeypatch: pytest.MonkeyPatch)
     with edgeinfer.load(raw_package) as model:
         for name in ("a", "b", "a", "c"):  # c pushes out b, the least recently used
             model.run({"x": ONES}, stream=name)
-        backend = model._backend
-        assert isinstance(backend, raw.RawBackend) and backend.streams == 2
+        assert isinstance(model, raw.RawModel) and model.streams == 2
         assert model.run({"x": ONES}, stream="a")["out"][0, 0] == 6  # a was kept
         assert model.run({"x": ONES}, stream="b")["out"][0, 0] == 2  # b was forgotten
 

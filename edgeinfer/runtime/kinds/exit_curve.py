@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgeinfer.runtime.early_exit import SegmentRunner, first_exit
+from edgeinfer.runtime.kinds.early_exit import SegmentRunner, first_exit
 
 __all__ = [
     "ENTROPY_THRESHOLDS",

@@ -14,7 +14,7 @@ from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import ConfigError
 from edgeinfer.export.early_exit.segments import calibrate_policies
 from edgeinfer.manifest import Manifest
-from edgeinfer.runtime.early_exit import (
+from edgeinfer.runtime.kinds.early_exit import (
     EXIT_POLICIES,
     SegmentRunner,
     first_exit,
@@ -22,7 +22,7 @@ from edgeinfer.runtime.early_exit import (
     passes,
     validate_threshold,
 )
-from edgeinfer.runtime.exit_curve import ExitTrace
+from edgeinfer.runtime.kinds.exit_curve import ExitTrace
 from edgeinfer.runtime.tokenizer import TextTokenizer
 
 TEXTS = [

@@ -1,5 +1,5 @@
-"""``raw`` packages: any graph, named tensors in and out, with the state of a stateful graph
-carried from one call to the next of the same stream.
+"""``RawModel``: ``raw`` packages, any graph, named tensors in and out, with the state of a
+stateful graph carried from one call to the next of the same stream.
 
 A stream is a caller's name for one sequence of calls (a microphone, a camera, a device). Its
 state starts as zeros (the shapes measured at export, ``io.state``), is fed to the graph's state
@@ -19,14 +19,13 @@ from typing import Any, Final
 
 import numpy as np
 
-from edgeinfer import providers as eps
-from edgeinfer.errors import ConfigError, InputError
+from edgeinfer.config import RuntimeConfig
+from edgeinfer.errors import InputError
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import RawIO
-from edgeinfer.runtime.backends import Backend, BackendOptions
-from edgeinfer.runtime.session import GraphSession
+from edgeinfer.runtime.model import Model
 
-__all__ = ["MAX_STREAMS", "RawBackend"]
+__all__ = ["MAX_STREAMS", "RawModel"]
 
 log = logging.getLogger(__name__)
 
@@ -43,25 +42,28 @@ class _Stream:
         self.lock = threading.Lock()
 
 
-class RawBackend(Backend):
-    """Run a ``raw`` package's graph: ``run(feeds, stream=...)``, ``end_stream(stream)``."""
+class RawModel(Model):
+    """A ``raw`` package: named arrays in and out, optionally stateful per stream.
+    ``RawModel.load`` loads one (a ``PackageError`` for another kind); ``edgeinfer.load``
+    returns one for such a package."""
 
-    def __init__(self, path: Path, manifest: Manifest, options: BackendOptions) -> None:
-        super().__init__(path, manifest, options)
-        if options.cache or options.batching or options.prefix_cache:
-            raise ConfigError(f"{path.name} is a raw package; load it without caches or batching")
-        self.io = manifest.io_as(RawIO)
-        config = options.config
-        requested = eps.resolve(config.providers or tuple(manifest.providers))
-        self.session = GraphSession(path / self.io.graph, providers=requested, config=config)
-        self.providers = self.session.providers
-        self._state_inputs = {s.input: s for s in self.io.state}
-        self._state_outputs = {s.output for s in self.io.state}
+    TASK = "raw"
+    IO_KINDS = ("raw",)
+
+    def __init__(self, path: Path, manifest: Manifest, *, config: RuntimeConfig) -> None:
+        super().__init__(path, manifest, config=config)
+        self._io = manifest.io_as(RawIO)
+        self._graph = self._open_graph(self._io.graph)
+        self.providers = self._graph.providers
+        self._state_inputs = {s.input: s for s in self._io.state}
+        self._state_outputs = {s.output for s in self._io.state}
         self._streams: OrderedDict[str, _Stream] = OrderedDict()
         self._lock = threading.Lock()  # guards the stream table, never a graph run
 
     def _zeros(self) -> dict[str, np.ndarray]:
-        return {s.input: np.zeros(s.shape, _DTYPES.get(s.dtype, np.float32)) for s in self.io.state}
+        return {
+            s.input: np.zeros(s.shape, _DTYPES.get(s.dtype, np.float32)) for s in self._io.state
+        }
 
     def _stream(self, name: str) -> _Stream:
         """The stream named ``name``, created with zero state (forgetting the oldest)."""
@@ -83,7 +85,7 @@ class RawBackend(Backend):
     def _check(self, feeds: Mapping[str, Any], *, stream: str | None) -> dict[str, np.ndarray]:
         if not isinstance(feeds, Mapping):
             raise InputError("feeds must be a mapping of input name -> array")
-        known = {spec.name: spec for spec in self.io.inputs}
+        known = {spec.name: spec for spec in self._io.inputs}
         unknown = sorted(set(feeds) - set(known))
         if unknown:
             raise InputError(f"{self.path.name} has no inputs {unknown}; it takes {sorted(known)}")
@@ -107,10 +109,12 @@ class RawBackend(Backend):
         return arrays
 
     def run(self, feeds: Mapping[str, Any], *, stream: str | None = None) -> dict[str, np.ndarray]:
-        """Run the graph on ``feeds``; with ``stream``, its state goes in and is kept.
+        """Run the package's graph: input name -> array in, output name -> array out.
 
-        Returns every output by name; with a stream, the state outputs are kept, not returned.
-        Without a stream, state inputs not in ``feeds`` start as zeros (one call on its own).
+        With ``stream`` (any name: a microphone, a device), a stateful graph's state inputs
+        come from that stream's previous call (zeros on its first) and its state outputs are
+        kept for the next one instead of being returned; without it, every call stands alone
+        (state inputs not in ``feeds`` start as zeros). See docs/onnx.md.
         """
         arrays = self._check(feeds, stream=stream)
         started = time.perf_counter()
@@ -120,17 +124,17 @@ class RawBackend(Backend):
             entry = self._stream(stream)
             with entry.lock:  # one call at a time per stream: states advance in order
                 outputs = self._run({**arrays, **entry.states})
-                for spec in self.io.state:
+                for spec in self._io.state:
                     entry.states[spec.input] = outputs[spec.output]
             outputs = {k: v for k, v in outputs.items() if k not in self._state_outputs}
         elapsed_ms = (time.perf_counter() - started) * 1e3
-        self.metrics.observe("raw", "compute", elapsed_ms)
-        self.metrics.observe("raw", "end_to_end", elapsed_ms)
+        self._metrics.observe("raw", "compute", elapsed_ms)
+        self._metrics.observe("raw", "end_to_end", elapsed_ms)
         return outputs
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = self.session.run(feeds)
-        return dict(zip(self.session.output_names, values, strict=True))
+        values = self._graph.run(feeds)
+        return dict(zip(self._graph.output_names, values, strict=True))
 
     def end_stream(self, stream: str) -> None:
         """Forget ``stream``'s state (its next call starts from zeros)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgeinfer.runtime.text import MAX_TOKENS_PER_RUN, _runs
+from edgeinfer.runtime.kinds.text import MAX_TOKENS_PER_RUN, _runs
 
 
 @pytest.mark.parametrize("lengths", [[3] * 40, [256] * 20, [5, 9, 200, 256, 256, 700], [4000]])

@@ -1,5 +1,6 @@
-"""Text packages: embeddings and classification, with result caches, dynamic batching and
-early exit (``text-encoder``, ``text-classifier``, ``exit-segments`` over text).
+"""The text hot path that embed and text classification packages share, with result caches,
+dynamic batching and early exit (``text-encoder``, ``text-classifier``, ``exit-segments`` over
+text).
 
 The hot path reads top to bottom: validate -> tokenize -> cache lookup -> run the misses
 (batched, or here in length order) -> store -> metrics.
@@ -9,27 +10,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from edgeinfer import providers as eps
-from edgeinfer.config import CacheConfig
+from edgeinfer.config import BatchConfig, CacheConfig, RuntimeConfig
 from edgeinfer.errors import ConfigError
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import ExitSegmentsIO, TextClassifierIO, TextEncoderIO
-from edgeinfer.runtime.backends import Backend, BackendOptions
 from edgeinfer.runtime.batching import DynamicBatcher, pad_rows
 from edgeinfer.runtime.cache.results import ResultCache
 from edgeinfer.runtime.cache.semantic import SemanticCache
 from edgeinfer.runtime.cache.tiers import Answer, Caches, Lookup, Value
-from edgeinfer.runtime.early_exit import ExitPolicy, SegmentRunner
+from edgeinfer.runtime.kinds.early_exit import ExitPolicy, SegmentRunner
+from edgeinfer.runtime.metrics import Metrics
 from edgeinfer.runtime.session import GraphSession
 from edgeinfer.runtime.tasks import (
     ClassificationResult,
-    EmbeddingResult,
     classification_results,
     l2_normalize,
     mean_pool,
@@ -37,7 +35,7 @@ from edgeinfer.runtime.tasks import (
 )
 from edgeinfer.runtime.tokenizer import TextTokenizer
 
-__all__ = ["MAX_TOKENS_PER_RUN", "TextBackend"]
+__all__ = ["MAX_TOKENS_PER_RUN", "TextRunner"]
 
 # Padded tokens per graph run (rows x longest row): activations grow with it, so one request
 # of many long texts must not run as one batch. On 2 cores, 64 MiniLM int8 texts of 256
@@ -69,17 +67,33 @@ def _runs(order: list[int], rows: list[np.ndarray], batch_size: int) -> list[lis
     return runs
 
 
-class TextBackend(Backend):
-    """Embed or classify texts with a text package.
+class TextRunner:
+    """The text hot path of a text package (``text-encoder``, ``text-classifier``,
+    ``exit-segments`` over text), shared by ``EmbedModel`` and ``ClassifyModel``: every text's
+    answer, from the caches or the graph, with the call's metrics.
 
-    ``options.cache`` turns the result caches on, ``options.batching`` dynamic batching.
+    Args:
+        path, manifest: the package.
+        config: providers, threads, spinning.
+        metrics: the model's metrics (latencies, cache hits, exits are counted there).
+        cache: the result caches; ``None``: off.
+        batching: gather concurrent calls into dynamic batches; ``None``: each call runs alone.
+        semantic: the semantic cache behind the exact one (classification packages).
     """
 
-    def __init__(self, path: Path, manifest: Manifest, options: BackendOptions) -> None:
-        super().__init__(path, manifest, options)
-        if options.prefix_cache is not None:
-            raise ConfigError("prefix_cache serves generate packages; load this one without it")
-        io, config, cache, batching = manifest.io, options.config, options.cache, options.batching
+    def __init__(
+        self,
+        path: Path,
+        manifest: Manifest,
+        *,
+        config: RuntimeConfig,
+        metrics: Metrics,
+        cache: CacheConfig | None,
+        batching: BatchConfig | None,
+        semantic: SemanticCache[Value] | None = None,
+    ) -> None:
+        self.path, self.manifest, self.metrics = path, manifest, metrics
+        io = manifest.io
         self.task = manifest.task
         requested = eps.resolve(config.providers or tuple(manifest.providers))
         self.exits: SegmentRunner | None = None
@@ -98,10 +112,7 @@ class TextBackend(Backend):
         self.caches = (
             None
             if cache is None
-            else Caches(
-                ResultCache.for_package(manifest, config=cache),
-                self._semantic(cache, options.load),
-            )
+            else Caches(ResultCache.for_package(manifest, config=cache), semantic)
         )
         self.batcher = (
             None
@@ -113,28 +124,8 @@ class TextBackend(Backend):
             )
         )
 
-    def _semantic(
-        self, cache: CacheConfig, load: Callable[[Path], Any] | None
-    ) -> SemanticCache[Value] | None:
-        if cache.semantic is None:
-            return None
-        if self.task != "classify":
-            raise ConfigError(
-                f"the semantic cache answers classification packages; {self.path.name} is "
-                f"{self.task!r} (a neighbour's embedding is not this text's embedding)"
-            )
-        if load is None:
-            raise ConfigError("the semantic cache needs a way to load its embed package")
-        model = load(cache.semantic.embedder)
-        if model.task != "embed":
-            raise ConfigError(f"semantic cache embedder {model.path} is not an embed package")
-        return SemanticCache(
-            embed=model.embed,
-            threshold=cache.semantic.threshold,
-            max_entries=cache.semantic.max_entries,
-        )
-
     def warm_up(self, runs: int) -> None:
+        """Run ``runs`` throw-away texts so the first real call pays no allocation."""
         for _ in range(runs):
             self._run_rows(self._tokenize(["warm up"], truncate=True), None, None)
 
@@ -264,58 +255,13 @@ class TextBackend(Backend):
             if isinstance(a.value, ClassificationResult) and a.value.exit_layer is not None:
                 metrics.count_exit(task, a.value.exit_layer)
 
-    # -- the calls
-
-    def embed_with_info(
-        self, texts: str | Sequence[str], *, batch_size: int, truncate: bool
-    ) -> list[EmbeddingResult]:
-        if self.task != "embed":
-            raise self._unsupported("embed")
-        answers = self.answer(texts, batch_size=batch_size, truncate=truncate)
-        return [EmbeddingResult(a.value, a.cached, a.queue_ms, a.compute_ms) for a in answers]
-
-    def classify(
-        self,
-        inputs: Any,
-        *,
-        batch_size: int,
-        truncate: bool,
-        exit_threshold: float | None,
-        exit_policy: ExitPolicy | None,
-    ) -> list[ClassificationResult]:
-        if self.task != "classify":
-            raise self._unsupported("classify")
-        if exit_threshold is not None or exit_policy is not None:
-            self._check_exit_rule(exit_threshold, exit_policy)
-        answers = self.answer(
-            inputs,
-            batch_size=batch_size,
-            truncate=truncate,
-            exit_threshold=exit_threshold,
-            exit_policy=exit_policy,
-        )
-        return [
-            replace(a.value, cached=a.cached, queue_ms=a.queue_ms, compute_ms=a.compute_ms)
-            for a in answers
-        ]
-
-    def _check_exit_rule(self, threshold: float | None, policy: ExitPolicy | None) -> None:
-        if self.exits is None:
-            raise ConfigError(
-                f"{self.path.name} has no exit heads; drop exit_threshold and exit_policy"
-            )
-        if self.caches is not None or self.batcher is not None:
-            raise ConfigError(
-                "exit_threshold is per call, but cached and batched answers use the package's "
-                "default threshold; load without cache/batching to choose another"
-            )
-        self.exits.check_rule(threshold, policy)
-
     def clear_cache(self) -> None:
+        """Empty the result caches (memory, the SQLite file, the semantic cache)."""
         if self.caches is not None:
             self.caches.clear()
 
     def close(self) -> None:
+        """Stop the batching thread and close the cache file."""
         if self.batcher is not None:
             self.batcher.close()
         if self.caches is not None:
