@@ -52,6 +52,7 @@ def test_load_returns_the_class_of_the_kind(fast_encoder: Path, fast_raw: Path) 
         assert type(raw) is edgeinfer.RawModel and raw.task == "raw"
 
 
+@pytest.mark.slow  # its packages come by name (getfixturevalue): exports
 @pytest.mark.parametrize(
     ("fixture", "kind"),
     [
