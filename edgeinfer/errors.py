@@ -12,7 +12,9 @@ so that callers catch one tree and still see the cause.
     ├── MissingDependencyError      missing_extra  an optional extra is not installed
     ├── PackageError                package        a model package cannot be used
     │   ├── ManifestError           manifest       manifest.json missing, malformed, wrong schema
-    │   └── IntegrityError          integrity      a file's sha256 or size differs from the manifest
+    │   ├── IntegrityError          integrity      a file's sha256 or size differs from the manifest
+    │   └── CheckLimitError         check_limit    a deployed package's check ran past its time
+    │                                              or memory limit (``limit``: time | memory)
     ├── ProviderError               provider       no requested execution provider can run
     ├── InputError                  bad_input      an input the model cannot take (empty, too long)
     │   ├── ContextLengthExceededError  context_length  prompt + max_new_tokens > the context
@@ -51,6 +53,7 @@ __all__ = [
     "BridgeError",
     "BrokerAuthError",
     "BrokerUnavailableError",
+    "CheckLimitError",
     "ConfigError",
     "ContextLengthExceededError",
     "ConversionError",
@@ -121,6 +124,17 @@ class IntegrityError(PackageError):
     """A package file does not match the sha256 or size recorded in the manifest."""
 
     code = "integrity"
+
+
+class CheckLimitError(PackageError):
+    """A package's bounded check (load, warm-up, smoke cases in a child process) ran past its
+    time or memory limit and was stopped; ``limit`` says which."""
+
+    code = "check_limit"
+
+    def __init__(self, limit: Literal["time", "memory"], message: str) -> None:
+        super().__init__(message)
+        self.limit: Literal["time", "memory"] = limit
 
 
 class ProviderError(EdgeInferError):

@@ -245,6 +245,32 @@ class Sniffer:
         self.client.loop_stop()
 
 
+def device_state(port: int, device: str, state: str) -> dict[str, Any]:
+    """``device``'s retained status once it says ``state`` (online, offline; a hang guard of
+    120 s)."""
+    seen: queue.Queue[dict[str, Any]] = queue.Queue()
+    client = _paho(port, f"watch-{os.urandom(4).hex()}")
+    client.on_connect = lambda c, *a: c.subscribe(f"edgeinfer/{device}/status", 1)
+    client.on_message = lambda c, u, m: seen.put(json.loads(m.payload))
+    client.connect(LOOPBACK, port)
+    client.loop_start()
+    try:
+        while (status := seen.get(timeout=120)).get("state") != state:
+            pass
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    return status
+
+
+def vm_hwm_kb(pid: int) -> int:
+    """A process's peak resident memory (KiB)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM in /proc")
+
+
 def real_loader(path: Path) -> CountingModel:
     """Load a deployed package for real (no spinning: it shares the cores with the test)."""
     return CountingModel(edgeinfer.load(path, config=edgeinfer.RuntimeConfig(spin_wait=False)))

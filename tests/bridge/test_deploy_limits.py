@@ -6,20 +6,24 @@ touch its staging, and a chunk sent again and again is logged once.
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from bridge_harness import LOOPBACK, Harness, Mosquitto
-from deploy_harness import DEVICE, Operator, Rig, chunk_message, keypair
-from paho.mqtt.client import Client as PahoClient
-from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from bridge_harness import Harness, Mosquitto
+from deploy_harness import (
+    DEVICE,
+    Operator,
+    Rig,
+    chunk_message,
+    device_state,
+    keypair,
+    vm_hwm_kb,
+)
 
 from edgeinfer.bridge.wire import protocol as proto
 
@@ -35,13 +39,6 @@ def rig(broker: Mosquitto, harness: Harness, tmp_path: Path, minilm_int8: Path) 
     made.close()
 
 
-def _vm_hwm_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmHWM in /proc")
-
-
 def _statuses_until(operator: Operator, nonce: str) -> list[dict[str, Any]]:
     """Every status the operator got, up to the first with ``nonce`` (a hang guard of 120 s
     each): a marker sent after a flood on the same topic comes after the flood's answers."""
@@ -49,23 +46,6 @@ def _statuses_until(operator: Operator, nonce: str) -> list[dict[str, Any]]:
     while seen[-1].get("nonce") != nonce:
         seen.append(operator.statuses.get(timeout=120))
     return seen
-
-
-def _online(port: int, device: str) -> None:
-    """Wait for the bridge's retained ``online`` status (a hang guard of 120 s)."""
-    online = threading.Event()
-    client = PahoClient(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
-    client.on_connect = lambda c, *a: c.subscribe(f"edgeinfer/{device}/status", 1)
-    client.on_message = lambda c, u, m: (
-        online.set() if json.loads(m.payload).get("state") == "online" else None
-    )
-    client.connect(LOOPBACK, port)
-    client.loop_start()
-    try:
-        assert online.wait(120), "the bridge never came online"
-    finally:
-        client.disconnect()
-        client.loop_stop()
 
 
 def test_an_oversized_deploy_message_is_refused_before_decoding(
@@ -88,10 +68,10 @@ def test_an_oversized_deploy_message_is_refused_before_decoding(
         return operator.statuses.get(timeout=120)
 
     try:
-        _online(broker.port, device)
+        device_state(broker.port, device, "online")
         client = harness.client(broker, device_id=device)
         assert client.request("minilm-int8", text="warm up")["ok"]
-        before_kb = _vm_hwm_kb(proc.pid)
+        before_kb = vm_hwm_kb(proc.pid)
         for topic in ("ctl", "chunk"):
             status = refused(topic, proto.packb({"op": "begin", "manifest": bytes(4 << 20)}))
             assert (status["state"], status["reason"], status["topic"]) == (
@@ -102,7 +82,7 @@ def test_an_oversized_deploy_message_is_refused_before_decoding(
         operator.publish(f"edgeinfer/{device}/ota/chunk", bytes(200 << 20))
         status = refused("ctl", b"not msgpack")  # after the 200 MiB one, on the same link
         assert (status["state"], status["reason"]) == ("refused", "config")
-        after_kb = _vm_hwm_kb(proc.pid)
+        after_kb = vm_hwm_kb(proc.pid)
         print(f"bridge VmHWM: {before_kb / 1024:.0f} MB before, {after_kb / 1024:.0f} MB after")
         assert client.request("minilm-int8", text="still serving")["ok"]
     finally:

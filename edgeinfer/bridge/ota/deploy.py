@@ -6,23 +6,29 @@ request ACL (``P/D/+/req``) does not match, each with its size checked before de
     P/D/ota/ctl    at most MAX_CONTROL_BYTES
       {"op": "begin", "name", "manifest": <manifest.json bytes>, "signature": {... "release"},
        "chunk_bytes", "nonce", "round"}         release checked (release.py), staging opened
-      {"op": "commit", "deploy_id", "nonce", "round"}   verify, load + warm, smoke check, swap
+      {"op": "commit", "deploy_id", "nonce", "round"}   verify, bounded check, load, swap
       {"op": "rollback", "order": {...}, "signature": {...}, "nonce", "round"}   signed order
       {"op": "status"}                           the last status again
     P/D/ota/chunk  at most the planned chunk size + file name + CHUNK_ENVELOPE_BYTES
       {"op": "chunk", "deploy_id", "index", "file", "offset", "sha256", "data": <bytes>}
 
 ``begin``, ``chunk`` and ``status`` are cheap and handled in paho's thread; ``commit`` and
-``rollback`` load models, so they run on the deploy thread. Each step's outcome goes to
+``rollback`` load models, so they run on the deploy thread. A commit checks the package first
+in a child process with a time and a memory limit (``check.py``: load, warm-up, smoke cases),
+so a package that hangs or floods memory fails its deploy and the next one proceeds; only then
+is it loaded here. ``stop`` kills a check under way and waits for the deploy thread a bounded
+time. Each step's outcome goes to
 ``P/D/ota/status`` (``deploy_status``: retained for steps taken, refusals answered once and
 not retained). The swap happens only once the new state is durable (``deploy_state``), so
 the status always says what serves, before and after a restart. On disk: ``staging/`` (one
 deploy at a time), ``NAME/<release id>/`` for the active and the previous package only, and
-``NAME/state.json``.
+``NAME/state.json``. A start removes what an interrupted deploy left (a package folder no state
+file points at, temporary files, a staging folder that is not resumable).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import shutil
@@ -32,10 +38,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.bridge.ota.check import DEFAULT_CHECK_TIMEOUT_S, BoundedCheck, CheckLimits
+from edgeinfer.bridge.ota.jobs import CommitJob, JobQueue, PendingDeploy, RollbackJob
 from edgeinfer.bridge.ota.release import Release, RollbackOrder, signed_manifest
 from edgeinfer.bridge.ota.signing import TrustedKeys
 from edgeinfer.bridge.ota.staging import MAX_CONTROL_BYTES, Staging
-from edgeinfer.bridge.ota.state import Kept, Names
+from edgeinfer.bridge.ota.state import Kept, Names, remove_partial
 from edgeinfer.bridge.ota.status import DeployStatus, Publish
 from edgeinfer.bridge.serve.serving import ModelTable, ServedModel
 from edgeinfer.bridge.serve.settings import TOPIC_LEVEL_BAD
@@ -48,6 +56,9 @@ __all__ = ["DeployConfig", "Deployer", "default_smoke_check"]
 log = logging.getLogger(__name__)
 
 _MAX_MISSING_LISTED = 1024  # indexes in one status message (the rest follow after a resend)
+# How long ``stop`` waits for the deploy step under way once its check is killed: a load of a
+# package whose check passed within its limit (the thread is a daemon: the process exits).
+DEFAULT_STOP_TIMEOUT_S = 5.0
 
 
 def default_smoke_check(model: Any) -> None:
@@ -74,6 +85,11 @@ class DeployConfig:
         smoke_check: raises when a loaded package does not reproduce its recorded outputs.
         max_package_bytes: larger packages are refused at ``begin``.
         compatible: device classes this device belongs to (``sign --compatible``).
+        check_timeout_s: wall-clock seconds a new package's check (load, warm-up, smoke
+            cases, in a child process) may take; past it the check is killed and the deploy
+            fails (``check_limit``). A release may sign a lower one.
+        check_memory_bytes: data memory that check may use (``RLIMIT_DATA``); ``None``: 3/4
+            of the memory available when it starts. A release may sign a lower one.
     """
 
     folder: Path
@@ -82,6 +98,16 @@ class DeployConfig:
     smoke_check: Callable[[Any], None] = default_smoke_check
     max_package_bytes: int = 4 << 30
     compatible: tuple[str, ...] = ()
+    check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S
+    check_memory_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        CheckLimits(timeout_s=self.check_timeout_s, memory_bytes=self.check_memory_bytes)
+
+    @property
+    def limits(self) -> CheckLimits:
+        """The check's limits on this device."""
+        return CheckLimits(timeout_s=self.check_timeout_s, memory_bytes=self.check_memory_bytes)
 
 
 class Deployer:
@@ -102,15 +128,17 @@ class Deployer:
         self.status = DeployStatus(publish)
         config.folder.mkdir(parents=True, exist_ok=True)
         self.staging = Staging(config.folder)
+        self.staging.remove_unresumable()
+        remove_partial(config.folder, skip=self.staging.folder.name)
         self._lock = threading.Lock()  # staging and _begin: paho's thread and the deploy thread
-        self._begin: dict[str, Any] = {}
+        self._begin: PendingDeploy | None = None
         self._activated: str | None = None  # the deploy id that went live last
         self._ended: dict[Any, BaseException] = {}  # the deploy a failed chunk write ended
         self.names = Names(config.folder, origins=origins, trusted=config.trusted)
-        self._jobs: list[dict[str, Any]] = []
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="edgeinfer-deploy")
+        self._jobs = JobQueue()
+        self._check = BoundedCheck()
+        # A daemon: a load under way when ``stop`` gives up must not keep the process alive.
+        self._thread = threading.Thread(target=self._loop, name="edgeinfer-deploy", daemon=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def restore(self) -> dict[str, ServedModel]:
@@ -121,13 +149,20 @@ class Deployer:
         """Start the deploy thread."""
         self._thread.start()
 
-    def stop(self) -> None:
-        """Finish the deploy step in progress, then stop the thread."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
+    def stop(self, *, timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> None:
+        """Stop within about ``timeout_s``: queued steps are dropped, a check under way is
+        killed (its deploy fails; its folder is removed now or at the next start), and a load
+        under way gets ``timeout_s`` to finish."""
+        self._jobs.close()
+        self._check.kill()
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning(
+                "the deploy step under way did not end within %g s; stopping without it "
+                "(the next start removes what it left)",
+                timeout_s,
+            )
 
     def served(self) -> dict[str, dict[str, Any]]:
         """Per served name: package digest, version, signer, previous (for the status topic)."""
@@ -183,17 +218,13 @@ class Deployer:
         elif op == "status":
             self.status.again()
         elif op == "commit":
-            self._queue(dict(message))
+            about = (message.get(k) for k in ("deploy_id", "nonce", "round"))
+            self._jobs.put(CommitJob(*about))
         elif op == "rollback":  # a re-sent or replayed order is refused in turn (replay)
             order, signer = RollbackOrder.verified(message, self.config.trusted)
-            self._queue({**message, "order": order, "signer": signer})
+            self._jobs.put(RollbackJob(order, signer, message.get("nonce"), message.get("round")))
         else:
             raise ConfigError(f"unknown deploy op {op!r}")
-
-    def _queue(self, job: dict[str, Any]) -> None:
-        with self._cond:
-            self._jobs.append(job)
-            self._cond.notify_all()
 
     def _on_begin(self, message: Mapping[str, Any]) -> None:
         name, manifest_bytes = message.get("name"), message.get("manifest")
@@ -235,19 +266,14 @@ class Deployer:
             except OSError:
                 self.staging.discard()
                 raise
-            self._begin = {
-                "deploy_id": deploy_id,
-                "name": name,
-                "signer": signer,
-                "digest": manifest.digest,
-                "version": release.version,
-                "release": release,
-            }
+            self._begin = PendingDeploy(
+                deploy_id, name, signer, manifest.digest, release.version, release
+            )
         self._receiving(nonce=message.get("nonce"), round=message.get("round"))
 
     def _receiving(self, **extra: Any) -> None:
         missing = self.staging.missing()
-        about: dict[str, Any] = {k: self._begin.get(k) for k in ("deploy_id", "name", "version")}
+        about = self._begin.about() if self._begin is not None else {}
         self.status.step(
             "receiving",
             **about,
@@ -259,18 +285,13 @@ class Deployer:
 
     # -- the deploy thread ---------------------------------------------------------------------
     def _loop(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._stopping or bool(self._jobs))
-                if not self._jobs:
-                    return
-                job = self._jobs.pop(0)
-            about = {k: job.get(k) for k in ("deploy_id", "nonce", "round")}
+        while (job := self._jobs.take()) is not None:
+            about = job.about()
             try:
-                if job.get("op") == "commit":
+                if isinstance(job, CommitJob):
                     self._commit(about)
                 else:
-                    self._rollback(job["order"], job["signer"], about)
+                    self._rollback(job.order, job.signer, about)
             except DeployRefusedError as exc:
                 self.status.refuse(exc, about)
             except Exception as exc:  # the old model keeps serving; say why
@@ -298,30 +319,50 @@ class Deployer:
                     message="commit before every chunk came; send the missing ones",
                 )
                 return
-            begin = dict(self._begin)
-            self.names.check_floor(begin["name"], begin["release"])
-            target = self.config.folder / begin["name"] / begin["release"].release_id
+            begin = self._begin
+            assert begin is not None  # staging holds a deploy only after a begin
+            self.names.check_floor(begin.name, begin.release)
+            target = self.config.folder / begin.name / begin.release.release_id
             try:
                 shutil.rmtree(target, ignore_errors=True)  # a swap that failed left it
                 target.parent.mkdir(parents=True, exist_ok=True)
                 self.staging.folder.rename(target)
             finally:
                 self.staging.discard()
-        about.update({k: begin[k] for k in ("name", "digest", "version", "signer")})
-        state = self.names.get(begin["name"])
-        kept = Kept(str(target), begin["digest"], begin["signer"], begin["version"], target.name)
+        about.update(name=begin.name, digest=begin.digest, version=begin.version)
+        about["signer"] = begin.signer
+        state = self.names.get(begin.name)
+        kept = Kept(str(target), begin.digest, begin.signer, begin.version, target.name)
         new = replace(state, active=kept, previous=state.active, floor_version=kept.version)
         new.floor_release = kept.release_id
         try:
             self.status.step("verifying", **about)
             Manifest.read(target).verify(target)  # names and sha256 checked again, on disk
+            self._bounded_check(target, begin.release, about)
             model = self._load_checked(target, about)
-            self.names.commit(begin["name"], new)
+            self.names.commit(begin.name, new)
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
+            with contextlib.suppress(OSError):  # a first deploy's name folder, left empty
+                target.parent.rmdir()
             raise
-        self._serve(begin["name"], model, about, "active")
+        self._serve(begin.name, model, about, "active")
         self._activated = about["deploy_id"]
+
+    def _bounded_check(self, folder: Path, release: Release, about: dict[str, Any]) -> None:
+        """Load, warm up and smoke-check ``folder`` in a child within the limits (the
+        release's, where it signs lower ones); its usage goes into ``about``."""
+        limits = self.config.limits.tightened(
+            timeout_s=release.check_timeout_s,
+            memory_bytes=None if release.check_memory_mb is None else release.check_memory_mb << 20,
+        )
+        self.status.step("checking", **about, check_timeout_s=limits.timeout_s)
+        self._check.last = None
+        try:
+            self._check.run(folder, limits)
+        finally:
+            if self._check.last is not None:
+                about["check"] = self._check.last.fields()
 
     def _load_checked(self, folder: Path, about: Mapping[str, Any]) -> ServedModel:
         self.status.step("loading", **about)

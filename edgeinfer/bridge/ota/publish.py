@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["DeployOutcome", "deploy_package", "rollback_package"]
 
 _FINAL = frozenset({"active", "failed", "refused", "rolled_back"})
-_ANY = frozenset({"receiving", "verifying", "loading", "smoke_check"}) | _FINAL
+_ANY = frozenset({"receiving", "verifying", "checking", "loading", "smoke_check"}) | _FINAL
 # Re-send begin/rollback after this long without any status (the device repeats none twice).
 _RESEND_S = 5.0
 

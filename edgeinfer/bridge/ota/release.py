@@ -6,7 +6,10 @@ statement (``signing.py``) that names, besides the sha256 of the exact ``manifes
 
     {"manifest_sha256", "name": served as, "version": monotonic int, "target": the manifest's,
      "devices": [ids] | [], "compatible": class | null, "total_bytes": sum of file bytes,
-     "signed_ms", "expires_ms"}
+     "signed_ms", "expires_ms", "check_timeout_s"?: float, "check_memory_mb"?: int}
+
+The optional check limits (left out when not signed, so devices that predate them take the
+release) lower the device's own for this package's check (``check.py``), never raise them.
 
 A device takes a release only when it names the device (or its ``--compatible`` class), the
 name it is deployed as, a target its providers run, a version above every one it accepted
@@ -52,6 +55,11 @@ DEFAULT_EXPIRES_IN_DAYS: Final = 30.0
 # goes stale before anyone could use it against a later deploy.
 DEFAULT_ROLLBACK_EXPIRES_S: Final = 900.0
 _DAY_MS = 86_400_000
+_OPTIONAL = ("check_timeout_s", "check_memory_mb")  # release fields signed only when given
+
+
+def _positive_or_none(*values: Any) -> bool:
+    return all(v is None or (isinstance(v, (int, float)) and v > 0) for v in values)
 
 
 def _now_ms() -> int:
@@ -110,6 +118,8 @@ class Release:
     total_bytes: int
     signed_ms: int
     expires_ms: int
+    check_timeout_s: float | None = None
+    check_memory_mb: int | None = None
 
     @property
     def release_id(self) -> str:
@@ -118,7 +128,8 @@ class Release:
 
     def body(self) -> dict[str, Any]:
         """The statement body that is signed."""
-        return {**asdict(self), "devices": list(self.devices)}
+        body = {**asdict(self), "devices": list(self.devices)}
+        return {k: v for k, v in body.items() if not (k in _OPTIONAL and v is None)}
 
     @classmethod
     def verified(
@@ -141,6 +152,7 @@ class Release:
         try:
             release = cls(**{**body, "devices": tuple(str(d) for d in body["devices"])})
             ok = isinstance(release.version, int) and isinstance(release.total_bytes, int)
+            ok = ok and _positive_or_none(release.check_timeout_s, release.check_memory_mb)
         except (TypeError, KeyError) as exc:
             raise DeployRefusedError("bad_signature", f"malformed release metadata: {exc}") from exc
         if not ok or release.manifest_sha256 != hashlib.sha256(manifest_bytes).hexdigest():
@@ -229,6 +241,8 @@ def sign_package(
     name: str | None = None,
     version: int | None = None,
     expires_in_days: float = DEFAULT_EXPIRES_IN_DAYS,
+    check_timeout_s: float | None = None,
+    check_memory_mb: int | None = None,
 ) -> dict[str, Any]:
     """Sign ``package`` as a release and write ``package/manifest.sig``; return the record.
 
@@ -237,10 +251,15 @@ def sign_package(
         name: the served name it may be deployed as (default: the manifest's name).
         version: a number above every earlier release of ``name`` (default: now, in epoch ms).
         expires_in_days: devices refuse it after this long.
+        check_timeout_s: a device's check of it (load, warm-up, smoke cases) may take at
+            most this long, where the device allows longer (``None``: the device's limit).
+        check_memory_mb: the same for the check's memory (MiB).
     """
     _audience(devices, compatible)
     if expires_in_days <= 0:
         raise ConfigError("--expires-in-days must be > 0")
+    if not _positive_or_none(check_timeout_s, check_memory_mb):
+        raise ConfigError("check_timeout_s and check_memory_mb must be > 0 when given")
     manifest_bytes = (Path(package) / MANIFEST_NAME).read_bytes()
     manifest = json.loads(manifest_bytes)  # what it says; `edgeinfer sign` verified it first
     now = _now_ms()
@@ -254,6 +273,8 @@ def sign_package(
         total_bytes=sum(int(e["bytes"]) for e in manifest["files"].values()),
         signed_ms=now,
         expires_ms=now + int(expires_in_days * _DAY_MS),
+        check_timeout_s=check_timeout_s,
+        check_memory_mb=check_memory_mb,
     )
     record = {**Signer.load(key).sign("release", release.body()), "release": release.body()}
     (Path(package) / SIGNATURE_NAME).write_text(json.dumps(record, indent=2) + "\n")

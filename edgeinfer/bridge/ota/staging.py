@@ -185,6 +185,17 @@ class Staging:
             log.write(f"{ref.index} {digest}\n")
         self.received.add(ref.index)
 
+    def remove_unresumable(self) -> None:
+        """At a start: delete a staging folder that no deploy can resume (its records are
+        missing or unreadable: an ``open`` cut short), or records without their folder."""
+        try:
+            meta = json.loads(self._meta.read_text())
+            resumable = isinstance(meta, dict) and self._log.is_file() and self.folder.is_dir()
+        except (OSError, ValueError):
+            resumable = False
+        if not resumable:
+            self.discard()
+
     def missing(self) -> list[int]:
         """Indexes of the chunks not received yet."""
         return [ref.index for ref in self.plan if ref.index not in self.received]

@@ -39,6 +39,7 @@ __all__ = [
     "describe",
     "load_state",
     "prune",
+    "remove_partial",
     "write_atomic",
 ]
 
@@ -185,6 +186,19 @@ def prune(folder: Path, state: NameState) -> None:
             shutil.rmtree(child, ignore_errors=True)
         elif child.name.startswith(".") and child.name.endswith(".tmp"):
             child.unlink(missing_ok=True)
+
+
+def remove_partial(root: Path, *, skip: str) -> None:
+    """At a start: delete what an interrupted deploy left under each name in ``root`` (the
+    folder ``skip`` is not a name): package folders its state does not point at (a check,
+    load or swap a crash cut short) and temporary files; a name that never committed a state
+    is removed whole."""
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name != skip):
+        if (folder / STATE_NAME).exists():
+            prune(folder, load_state(folder))
+        else:
+            log.info("removing %s (no deploy under this name was committed)", folder)
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class Names:
