@@ -28,7 +28,7 @@ from bridge_harness import Mosquitto
 from deploy_harness import Operator, chunk_message, device_state, keypair, sign, vm_hwm_kb
 from hostile_packages import benign_encoder, endless_encoder, memory_bomb_encoder
 
-from edgeinfer.bridge import Client, Connection
+from edgeinfer.bridge import Client, Connection, sign_package
 from edgeinfer.manifest import Manifest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -226,6 +226,19 @@ def test_sigterm_ends_the_bridge_during_a_hung_check(held_device: Device) -> Non
     for child in children:
         _wait_gone(child)
     assert _left(device.folder) == set()  # its folder was removed on the way out
+
+
+def test_a_limit_the_release_signs_applies_below_the_devices(held_device: Device) -> None:
+    device = held_device
+    endless = endless_encoder(device.tmp / "v2")
+    sign_package(
+        endless, device.key, devices=(device.device,), name=NAME, version=2,
+        check_timeout_s=HUNG_LIMIT_S,
+    )  # fmt: skip
+    failed = device.deploy(endless, "n-signed")
+    assert (failed["state"], failed["reason"]) == ("failed", "check_limit")
+    assert f"timed out after {HUNG_LIMIT_S:g} s" in failed["message"]
+    assert device.serves(device.origin)
 
 
 def test_a_sigkilled_bridge_leaves_nothing_after_its_restart(held_device: Device) -> None:

@@ -29,12 +29,15 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer import errors
 from edgeinfer.errors import BridgeError, CheckLimitError, PackageError
+
+if TYPE_CHECKING:
+    from edgeinfer.runtime.model import Model
 
 __all__ = [
     "DEFAULT_CHECK_TIMEOUT_S",
@@ -42,6 +45,7 @@ __all__ = [
     "BoundedCheck",
     "CheckLimits",
     "CheckReport",
+    "LoadOptions",
     "available_bytes",
 ]
 
@@ -86,6 +90,53 @@ def available_bytes() -> int:
     if limit is not None:
         available = min(available, max(0, limit - memory.anonymous_bytes()))
     return available
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How the bridge loads a deployed package, so that its check loads it the same way (the
+    same sessions, the same warm-up: a generate package's warm-up runs every slot at once).
+
+    Args:
+        threads: intra-op threads (``None``: onnxruntime's choice).
+        generations: continuous-batching slots of a generate package whose graph batches
+            (1: one generation at a time).
+        kv_budget_bytes: the KV those slots may need together (``None``: no bound).
+        file_backed_prepacks: as ``RuntimeConfig.file_backed_prepacks``.
+        memory_budget_bytes: as ``RuntimeConfig.memory_budget_bytes``.
+    """
+
+    threads: int | None = None
+    generations: int = 1
+    kv_budget_bytes: int | None = None
+    file_backed_prepacks: bool = False
+    memory_budget_bytes: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The options as the check's child reads them."""
+        return asdict(self)
+
+    def load(self, package: Path) -> Model:
+        """``edgeinfer.load`` of ``package`` with these options (verified, warmed up)."""
+        import edgeinfer
+        from edgeinfer.package_io import DecoderIO
+
+        manifest = edgeinfer.Manifest.read(package)
+        batching = None
+        if manifest.task == "generate" and self.generations > 1:
+            if manifest.io_as(DecoderIO).extra_row_input:  # its graph batches
+                batching = edgeinfer.ContinuousBatchConfig(
+                    max_sequences=self.generations, kv_budget_bytes=self.kv_budget_bytes
+                )
+        runtime = edgeinfer.RuntimeConfig(
+            spin_wait=False,  # a check shares the cores with the requests served meanwhile
+            file_backed_prepacks=self.file_backed_prepacks,
+            memory_budget_bytes=self.memory_budget_bytes,
+        )
+        return edgeinfer.load(
+            package, threads=self.threads, verify=True, config=runtime,
+            continuous_batching=batching,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -187,8 +238,10 @@ class BoundedCheck:
         self._closed = False
         self.last: CheckReport | None = None  # the last check's usage, passed or not
 
-    def run(self, folder: Path, limits: CheckLimits) -> CheckReport:
-        """Load, warm up and smoke-check ``folder`` within ``limits``.
+    def run(
+        self, folder: Path, limits: CheckLimits, *, load: LoadOptions | None = None
+    ) -> CheckReport:
+        """Load (with ``load``), warm up and smoke-check ``folder`` within ``limits``.
 
         Raises:
             CheckLimitError: it ran past the time limit, or an allocation past the memory cap
@@ -198,7 +251,12 @@ class BoundedCheck:
             BridgeError: the bridge stopped during the check.
         """
         memory_bytes = limits.memory_now()
-        request = {"package": str(folder), "memory_bytes": memory_bytes, "parent_pid": os.getpid()}
+        request = {
+            "package": str(folder),
+            "memory_bytes": memory_bytes,
+            "parent_pid": os.getpid(),
+            "load": (load or LoadOptions()).to_json(),
+        }
         started = time.monotonic()
         with self._lock:
             if self._closed:

@@ -1,13 +1,14 @@
 """The child process of a deploy's bounded check: ``python -m edgeinfer.bridge.ota.checker``.
 
-It reads one JSON request line on stdin, ``{"package", "memory_bytes", "parent_pid"}``, and
+It reads one JSON request line on stdin, ``{"package", "memory_bytes", "parent_pid", "load"}``
+(``load``: ``LoadOptions``, how the bridge will load it), and
 before anything of the package is read: caps its own data memory (``RLIMIT_DATA``, see
 ``check.py`` for why not ``RLIMIT_AS``), asks the kernel to kill it when the bridge dies
 (Linux ``PR_SET_PDEATHSIG``), and lowers its priority below the requests the old package
 serves meanwhile. Then it loads the package as ``edgeinfer.load`` does (every file's sha256
-verified, sessions started and warmed up; a decoder's tokenizer, SentencePiece included,
-parsed here too) and runs its smoke cases (when it has them). It writes one JSON line to the
-stdout it was started with (the libraries' own prints go to stderr)::
+verified, sessions started and warmed up as the bridge will; a decoder's tokenizer,
+SentencePiece included, parsed here too) and runs its smoke cases (when it has them). It
+writes one JSON line to the stdout it was started with (the libraries' prints go to stderr)::
 
     {"ok": true, "load_ms": float, "smoke_ms": float}
     {"ok": false, "code": <an EdgeInferError code>, "message": str, "memory": bool}
@@ -60,12 +61,12 @@ def _out_of_memory(exc: BaseException) -> bool:
     return False
 
 
-def _check(package: Path) -> dict[str, Any]:
-    import edgeinfer
+def _check(package: Path, options: dict[str, Any]) -> dict[str, Any]:
+    from edgeinfer.bridge.ota.check import LoadOptions
     from edgeinfer.runtime import smoke
 
     started = time.perf_counter()
-    model = edgeinfer.load(package, verify=True, config=edgeinfer.RuntimeConfig(spin_wait=False))
+    model = LoadOptions(**options).load(package)
     loaded = time.perf_counter()
     if model.manifest.smoke and model.manifest.smoke.get("cases"):
         smoke.check(model)
@@ -92,7 +93,7 @@ def main() -> int:
         resource.setrlimit(resource.RLIMIT_DATA, (int(memory), int(memory)))
     os.nice(CHECK_NICENESS)
     try:
-        result = _check(Path(request["package"]))
+        result = _check(Path(request["package"]), dict(request.get("load") or {}))
     except Exception as exc:  # every failure is the package's: report it, typed
         result = _failure(exc)
     with os.fdopen(result_fd, "w") as out:

@@ -13,11 +13,8 @@ request ACL (``P/D/+/req``) does not match, each with its size checked before de
       {"op": "chunk", "deploy_id", "index", "file", "offset", "sha256", "data": <bytes>}
 
 ``begin``, ``chunk`` and ``status`` are cheap and handled in paho's thread; ``commit`` and
-``rollback`` load models, so they run on the deploy thread. A commit checks the package first
-in a child process with a time and a memory limit (``check.py``: load, warm-up, smoke cases),
-so a package that hangs or floods memory fails its deploy and the next one proceeds; only then
-is it loaded here. ``stop`` kills a check under way and waits for the deploy thread a bounded
-time. Each step's outcome goes to
+``rollback`` load models, so they run on the deploy thread; a commit first checks the package
+in a bounded child process (``check.py``), and ``stop`` kills it. Each step's outcome goes to
 ``P/D/ota/status`` (``deploy_status``: retained for steps taken, refusals answered once and
 not retained). The swap happens only once the new state is durable (``deploy_state``), so
 the status always says what serves, before and after a restart. On disk: ``staging/`` (one
@@ -34,11 +31,16 @@ import logging
 import shutil
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.bridge.ota.check import DEFAULT_CHECK_TIMEOUT_S, BoundedCheck, CheckLimits
+from edgeinfer.bridge.ota.check import (
+    DEFAULT_CHECK_TIMEOUT_S,
+    BoundedCheck,
+    CheckLimits,
+    LoadOptions,
+)
 from edgeinfer.bridge.ota.jobs import CommitJob, JobQueue, PendingDeploy, RollbackJob
 from edgeinfer.bridge.ota.release import Release, RollbackOrder, signed_manifest
 from edgeinfer.bridge.ota.signing import TrustedKeys
@@ -90,6 +92,8 @@ class DeployConfig:
             fails (``check_limit``). A release may sign a lower one.
         check_memory_bytes: data memory that check may use (``RLIMIT_DATA``); ``None``: 3/4
             of the memory available when it starts. A release may sign a lower one.
+        check_load: how the check's child loads the package: as ``loader`` does (threads,
+            a generate package's slots), so that it warms up the same way.
     """
 
     folder: Path
@@ -100,6 +104,7 @@ class DeployConfig:
     compatible: tuple[str, ...] = ()
     check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S
     check_memory_bytes: int | None = None
+    check_load: LoadOptions = field(default_factory=LoadOptions)
 
     def __post_init__(self) -> None:
         CheckLimits(timeout_s=self.check_timeout_s, memory_bytes=self.check_memory_bytes)
@@ -128,8 +133,13 @@ class Deployer:
         self.status = DeployStatus(publish)
         config.folder.mkdir(parents=True, exist_ok=True)
         self.staging = Staging(config.folder)
-        self.staging.remove_unresumable()
-        remove_partial(config.folder, skip=self.staging.folder.name)
+        try:  # what an interrupted deploy left
+            self.staging.remove_unresumable()
+            remove_partial(config.folder, skip=self.staging.folder.name)
+        except OSError as exc:  # a read-only disk: serve anyway; deploys will fail on it
+            log.warning(
+                "cannot remove what an interrupted deploy left in %s: %s", config.folder, exc
+            )
         self._lock = threading.Lock()  # staging and _begin: paho's thread and the deploy thread
         self._begin: PendingDeploy | None = None
         self._activated: str | None = None  # the deploy id that went live last
@@ -359,7 +369,7 @@ class Deployer:
         self.status.step("checking", **about, check_timeout_s=limits.timeout_s)
         self._check.last = None
         try:
-            self._check.run(folder, limits)
+            self._check.run(folder, limits, load=self.config.check_load)
         finally:
             if self._check.last is not None:
                 about["check"] = self._check.last.fields()
