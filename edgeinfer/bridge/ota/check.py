@@ -261,12 +261,15 @@ class BoundedCheck:
         with self._lock:
             if self._closed:
                 raise BridgeError("the bridge is stopping: no check starts now")
-            child = self._child = subprocess.Popen(
-                [sys.executable, "-m", _CHILD],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                start_new_session=True,  # its own process group: killed whole
-            )
+            try:
+                child = self._child = subprocess.Popen(
+                    [sys.executable, "-m", _CHILD],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    start_new_session=True,  # its own process group: killed whole
+                )
+            except OSError as exc:  # no process could start (memory, a process limit)
+                raise BridgeError(f"cannot start the check process: {exc}") from exc
         assert child.stdin is not None and child.stdout is not None  # both are pipes
         try:
             child.stdin.write(json.dumps(request).encode() + b"\n")
