@@ -214,17 +214,15 @@ def test_an_endless_graph_fails_its_deploy_and_the_next_one_installs(hung_device
 def test_sigterm_ends_the_bridge_during_a_hung_check(held_device: Device) -> None:
     device = held_device
     device.send(device.release(endless_encoder(device.tmp / "v2"), 2), "n-held")
-    _checking(device, "n-held")
-    children = _children(device.pid)
-    assert children, "the check runs in a child process"
+    child = _checking(device, "n-held")["check_pid"]
+    assert child in _children(device.pid), "the check runs in a child process"
     assert device.proc is not None
     asked = time.monotonic()
     device.proc.send_signal(signal.SIGTERM)
     code = device.proc.wait(timeout=60)  # a hang guard: the old bridge never exits
     print(f"\nSIGTERM during the hung check: exited {code} after {time.monotonic() - asked:.2f} s")
     assert code == 0
-    for child in children:
-        _wait_gone(child)
+    _wait_gone(child)
     assert _left(device.folder) == set()  # its folder was removed on the way out
 
 
@@ -244,13 +242,12 @@ def test_a_limit_the_release_signs_applies_below_the_devices(held_device: Device
 def test_a_sigkilled_bridge_leaves_nothing_after_its_restart(held_device: Device) -> None:
     device = held_device
     device.send(device.release(endless_encoder(device.tmp / "v2"), 2), "n-killed")
-    _checking(device, "n-killed")
-    children = _children(device.pid)
+    child = _checking(device, "n-killed")["check_pid"]
+    assert child in _children(device.pid)
     assert device.proc is not None
     device.proc.kill()
     device.proc.wait()
-    for child in children:
-        _wait_gone(child)  # the check dies with the bridge (no orphan burning the cores)
+    _wait_gone(child)  # the check dies with the bridge (no orphan burning the cores)
     assert any(p.startswith(f"{NAME}/") for p in _left(device.folder))  # what the kill left
     device_state(device.broker.port, device.device, "offline")  # the Last Will
     device.start()

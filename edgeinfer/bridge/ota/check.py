@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -161,12 +161,14 @@ class CheckLimits:
                 f"got {self.memory_bytes} bytes"
             )
 
-    def tightened(self, *, timeout_s: float | None, memory_bytes: int | None) -> CheckLimits:
-        """These limits, lowered to a release's own where it signs lower ones (a signer can
-        tighten a device's limits, never lift them)."""
+    def tightened(self, timeout_s: float | None, memory_mb: int | None) -> CheckLimits:
+        """These limits, lowered to a release's own (``Release.check_timeout_s``,
+        ``check_memory_mb``) where it signs lower ones: a signer can tighten a device's
+        limits, never lift them."""
         timeout = self.timeout_s if timeout_s is None else min(self.timeout_s, timeout_s)
         memory = self.memory_bytes
-        if memory_bytes is not None:
+        if memory_mb is not None:
+            memory_bytes = memory_mb << 20
             memory = memory_bytes if memory is None else min(memory, memory_bytes)
         return CheckLimits(timeout_s=timeout, memory_bytes=memory)
 
@@ -239,9 +241,15 @@ class BoundedCheck:
         self.last: CheckReport | None = None  # the last check's usage, passed or not
 
     def run(
-        self, folder: Path, limits: CheckLimits, *, load: LoadOptions | None = None
+        self,
+        folder: Path,
+        limits: CheckLimits,
+        *,
+        load: LoadOptions | None = None,
+        on_start: Callable[[int, int], None] = lambda pid, memory_bytes: None,
     ) -> CheckReport:
-        """Load (with ``load``), warm up and smoke-check ``folder`` within ``limits``.
+        """Load (with ``load``), warm up and smoke-check ``folder`` within ``limits``;
+        ``on_start(pid, memory_bytes)`` once the child runs.
 
         Raises:
             CheckLimitError: it ran past the time limit, or an allocation past the memory cap
@@ -250,6 +258,7 @@ class BoundedCheck:
                 or crashed the check process.
             BridgeError: the bridge stopped during the check.
         """
+        self.last = None
         memory_bytes = limits.memory_now()
         request = {
             "package": str(folder),
@@ -271,6 +280,7 @@ class BoundedCheck:
             except OSError as exc:  # no process could start (memory, a process limit)
                 raise BridgeError(f"cannot start the check process: {exc}") from exc
         assert child.stdin is not None and child.stdout is not None  # both are pipes
+        on_start(child.pid, memory_bytes)
         try:
             child.stdin.write(json.dumps(request).encode() + b"\n")
             child.stdin.close()

@@ -362,14 +362,14 @@ class Deployer:
     def _bounded_check(self, folder: Path, release: Release, about: dict[str, Any]) -> None:
         """Load, warm up and smoke-check ``folder`` in a child within the limits (the
         release's, where it signs lower ones); its usage goes into ``about``."""
-        limits = self.config.limits.tightened(
-            timeout_s=release.check_timeout_s,
-            memory_bytes=None if release.check_memory_mb is None else release.check_memory_mb << 20,
-        )
-        self.status.step("checking", **about, check_timeout_s=limits.timeout_s)
-        self._check.last = None
+        limits = self.config.limits.tightened(release.check_timeout_s, release.check_memory_mb)
+
+        def checking(pid: int, memory_bytes: int) -> None:  # once the child runs
+            self.status.step("checking", **about, check_timeout_s=limits.timeout_s,
+                             check_memory_mb=memory_bytes >> 20, check_pid=pid)  # fmt: skip
+
         try:
-            self._check.run(folder, limits, load=self.config.check_load)
+            self._check.run(folder, limits, load=self.config.check_load, on_start=checking)
         finally:
             if self._check.last is not None:
                 about["check"] = self._check.last.fields()
