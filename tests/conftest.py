@@ -243,11 +243,11 @@ def tiny_package(package_root: Path) -> Path:
 
 
 @pytest.fixture
-def tiny(tiny_package: Path) -> Generator:
-    """A generator on the tiny package with a 128-token context."""
+def tiny(fast_decoder: Path) -> Generator:
+    """A generator on the tiny torch-free decoder package with a 128-token context."""
     return Generator(
-        tiny_package,
-        Manifest.read(tiny_package),
+        fast_decoder,
+        Manifest.read(fast_decoder),
         config=RuntimeConfig(threads=1),
         context_length=128,
     )
@@ -384,6 +384,23 @@ def fast_raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from fast_packages import tiny_raw
 
     return tiny_raw(tmp_path_factory.mktemp("fast") / "accumulator")
+
+
+@pytest.fixture(scope="session")
+def fast_decoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny decoder as a torch-free ``decoder`` package (tests/fast_packages.py): the
+    export's graph writer and layout, numpy weights, built in about a second."""
+    from fast_packages import tiny_decoder
+
+    return tiny_decoder(tmp_path_factory.mktemp("fast") / "tiny-decoder")
+
+
+@pytest.fixture(scope="session")
+def fast_decoder_kv16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``fast_decoder``'s weights with attention over a float16 KV cache."""
+    from fast_packages import tiny_decoder
+
+    return tiny_decoder(tmp_path_factory.mktemp("fast") / "tiny-decoder-kv16", kv_dtype="float16")
 
 
 # A test needs an export (torch, minutes) when its fixtures reach these; ``--fast`` skips it.

@@ -27,6 +27,26 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SEED = 0
+# The default family's config (the vocabulary size is the trained tokenizer's); tests/
+# fast_packages.py builds the same model without torch from it.
+CONFIG: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 2,
+    # Wider than the default 0.02 so that logits are far apart and greedy choices are
+    # decided by the model, not by float rounding.
+    "initializer_range": 0.25,
+}
 _LONGROPE = {  # Phi-3 128k style: factors per rotary frequency (head_dim 16 -> 8)
     "type": "longrope",
     "short_factor": [1.0, 1.1, 1.2, 1.4, 1.7, 2.1, 2.6, 3.2],
@@ -116,26 +136,7 @@ def build(out_dir: Path, family: str = "llama") -> Path:
     model_type, overrides = FAMILIES[family]
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab = build_tokenizer(builtin_text("calibration", 200), out_dir / "tokenizer.json")
-    fields: dict[str, Any] = {
-        "vocab_size": vocab,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "max_position_embeddings": 256,
-        "rope_theta": 10000.0,
-        "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": True,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "pad_token_id": 2,
-        # Wider than the default 0.02 so that logits are far apart and greedy choices are
-        # decided by the model, not by float rounding.
-        "initializer_range": 0.25,
-        **overrides,
-    }
+    fields: dict[str, Any] = {"vocab_size": vocab, **CONFIG, **overrides}
     config = AutoConfig.for_model(model_type, **fields)
     config._attn_implementation = "eager"  # the plain reference: no fused kernels
     torch.manual_seed(SEED)

@@ -118,8 +118,8 @@ def test_a_failed_measurement_says_why(tmp_path: Path) -> None:
         footprint.measure_serving_in_subprocess(tmp_path)
 
 
-def test_the_breakdown_of_a_generate_package_adds_up(tiny_package: Path) -> None:
-    found = footprint.measure_serving_in_subprocess(tiny_package)
+def test_the_breakdown_of_a_generate_package_adds_up(fast_decoder: Path) -> None:
+    found = footprint.measure_serving_in_subprocess(fast_decoder)
     parts = found.breakdown
     held = (
         parts.runtime_and_python,

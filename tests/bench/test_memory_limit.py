@@ -26,17 +26,17 @@ def _step_above(peak_bytes: int) -> int:
     return (-(-peak_bytes // step) + 1) * step
 
 
-def test_a_limit_that_holds_the_peak_decodes_the_same_tokens(tiny_package: Path) -> None:
-    free = _limited(tiny_package, None)
+def test_a_limit_that_holds_the_peak_decodes_the_same_tokens(fast_decoder: Path) -> None:
+    free = _limited(fast_decoder, None)
     assert free.decode_tokens_per_s is not None, free.error
-    held = _limited(tiny_package, _step_above(free.peak_rss_bytes))
+    held = _limited(fast_decoder, _step_above(free.peak_rss_bytes))
     assert not held.oom_killed, "OOM-killed under a limit above its own unconstrained peak"
     assert held.returncode == 0 and held.token_ids == free.token_ids
 
 
-def test_an_oom_kill_is_reported_and_gives_no_result(tiny_package: Path) -> None:
+def test_an_oom_kill_is_reported_and_gives_no_result(fast_decoder: Path) -> None:
     # Below what the interpreter and its libraries alone take: the kernel must kill it.
-    starved = _limited(tiny_package, memory_limit.STEP_BYTES)
+    starved = _limited(fast_decoder, memory_limit.STEP_BYTES)
     assert starved.oom_killed and starved.returncode != 0
     assert starved.decode_tokens_per_s is None and starved.token_ids == ()
 

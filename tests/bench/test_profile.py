@@ -56,9 +56,9 @@ def test_profile_of_an_embedding_request(
     assert "graph · runtime" in table and "queue" in table and "serialize" not in table
 
 
-def test_profile_of_a_generation(tiny_package: Path) -> None:
+def test_profile_of_a_generation(fast_decoder: Path) -> None:
     result = profile(
-        tiny_package, prompt="Once upon a time", max_new_tokens=6, threads=1, wire="msgpack"
+        fast_decoder, prompt="Once upon a time", max_new_tokens=6, threads=1, wire="msgpack"
     )
     assert result.request == "generate"
     names = [s.name for s in result.stages]
@@ -71,13 +71,13 @@ def test_profile_of_a_generation(tiny_package: Path) -> None:
     assert "model_run" in names and "request" in names
 
 
-def test_profile_refuses_an_input_the_package_does_not_take(tiny_package: Path) -> None:
+def test_profile_refuses_an_input_the_package_does_not_take(fast_decoder: Path) -> None:
     with pytest.raises(ConfigError, match="--prompt"):
-        profile(tiny_package, text="hello")
+        profile(fast_decoder, text="hello")
     with pytest.raises(ConfigError, match="exactly one"):
-        profile(tiny_package)
+        profile(fast_decoder)
     with pytest.raises(ConfigError, match="wire"):
-        profile(tiny_package, prompt="hello", wire="xml")
+        profile(fast_decoder, prompt="hello", wire="xml")
 
 
 def test_profile_of_a_photo_as_the_bridge_gets_it(effnet_fp32: Path, tmp_path: Path) -> None:

@@ -74,26 +74,6 @@ def module_harness(real_model: edgeinfer.Model) -> Iterator[Harness]:
 
 
 @pytest.fixture(scope="session")
-def tiny_decoder(
-    package_root: Path, tmp_path_factory: pytest.TempPathFactory, export_once: Any
-) -> Path:
-    """The tiny random decoder of tools/build_tiny_decoder.py as an fp32 generate package
-    (exported in seconds; tests/generate builds the same one for its own tests)."""
-    import sys
-
-    tools = Path(__file__).resolve().parents[2] / "tools"
-    sys.path.insert(0, str(tools))
-    try:
-        import build_tiny_decoder
-    finally:
-        sys.path.remove(str(tools))
-    source = build_tiny_decoder.build(tmp_path_factory.mktemp("tiny-decoder-source"))
-    return export_once(
-        package_root / "tiny-fp32", source=str(source), quantize="none", held_count=4, threads=1
-    )
-
-
-@pytest.fixture(scope="session")
 def effnet_package(package_root: Path, export_once: Any) -> Path:
     """The fp32 EfficientNet-Lite0 image classifier (the same package as tests/vision's)."""
     return export_once(

@@ -40,10 +40,10 @@ class HeldModel:
 
 
 def test_four_devices_are_answered_together_the_rest_queue_then_busy(
-    broker: Mosquitto, tiny_decoder: Path
+    broker: Mosquitto, fast_decoder: Path
 ) -> None:
     model = edgeinfer.load(
-        tiny_decoder, threads=1, continuous_batching=ContinuousBatchConfig(max_sequences=4)
+        fast_decoder, threads=1, continuous_batching=ContinuousBatchConfig(max_sequences=4)
     )
     prompts = [f"valve {i} reads" for i in range(9)]
     alone = [
@@ -95,11 +95,11 @@ def test_four_devices_are_answered_together_the_rest_queue_then_busy(
 
 
 def test_serve_batches_generate_packages_that_can_and_says_when_one_cannot(
-    tiny_decoder: Path, caplog: pytest.LogCaptureFixture
+    fast_decoder: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from edgeinfer.cli.serve_cmd import generations_for
 
-    manifest = edgeinfer.Manifest.read(tiny_decoder)
+    manifest = edgeinfer.Manifest.read(fast_decoder)
     config = generations_for(manifest, 4, 16)
     assert config == ContinuousBatchConfig(max_sequences=4, kv_budget_bytes=16 << 20)
     assert generations_for(manifest, 1, None) is None  # one at a time: the solo path

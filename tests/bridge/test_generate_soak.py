@@ -101,9 +101,9 @@ class Device:
 
 
 @pytest.mark.slow
-def test_generate_stream_survives_kill_9(own_broker: Mosquitto, tiny_decoder: Path) -> None:
+def test_generate_stream_survives_kill_9(own_broker: Mosquitto, fast_decoder: Path) -> None:
     batching = edgeinfer.ContinuousBatchConfig(max_sequences=4)  # four decoded at once
-    model = CountingGenerator(edgeinfer.load(tiny_decoder, threads=1, continuous_batching=batching))
+    model = CountingGenerator(edgeinfer.load(fast_decoder, threads=1, continuous_batching=batching))
     config = BridgeConfig(
         connection=Connection(broker=own_broker.url, client_id="soak-bridge"),
         device_id="soak",

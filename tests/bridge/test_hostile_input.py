@@ -123,15 +123,15 @@ class Peer:
 @pytest.fixture(scope="module")
 def models(request: pytest.FixtureRequest) -> dict[str, Any]:
     """Every kind on real exported packages; in the fast lane (``--fast``) the torch-free
-    encoder and raw packages alone (a request to the others is parsed the same, then
-    answered ``unknown_model``)."""
+    encoder, decoder and raw packages alone (a request to the others is parsed the same,
+    then answered ``unknown_model``)."""
     quiet = edgeinfer.RuntimeConfig(spin_wait=False)
     if request.config.getoption("--fast"):
-        fast = {"minilm": "fast_encoder", "acc": "fast_raw"}
+        fast = {"minilm": "fast_encoder", "tiny": "fast_decoder", "acc": "fast_raw"}
         return {
             k: edgeinfer.load(request.getfixturevalue(v), config=quiet) for k, v in fast.items()
         }
-    exported = {"tiny": "tiny_decoder", "acc": "raw_package", "effnet": "effnet_package"}
+    exported = {"tiny": "fast_decoder", "acc": "raw_package", "effnet": "effnet_package"}
     return {
         "minilm": request.getfixturevalue("real_model"),
         **{

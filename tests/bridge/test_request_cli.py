@@ -200,7 +200,7 @@ def test_tls_password_from_the_environment(secure_broker: Mosquitto, harness: Ha
     assert "wrong-password-never-logged" not in denied.stdout + denied.stderr
 
 
-def test_a_generation_streams_through_the_command(broker: Mosquitto, tiny_decoder: Path) -> None:
+def test_a_generation_streams_through_the_command(broker: Mosquitto, fast_decoder: Path) -> None:
     import edgeinfer
     from edgeinfer.bridge import Bridge, BridgeConfig, Connection
 
@@ -209,7 +209,7 @@ def test_a_generation_streams_through_the_command(broker: Mosquitto, tiny_decode
         device_id="cli-gen",
         metrics_interval_s=0,
     )
-    with Bridge({"tiny": edgeinfer.load(tiny_decoder, threads=1)}, config=config):
+    with Bridge({"tiny": edgeinfer.load(fast_decoder, threads=1)}, config=config):
         result = _request(
             "--broker",
             broker.url,

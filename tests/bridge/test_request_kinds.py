@@ -261,9 +261,9 @@ class GatedModel:
 
 
 def test_generation_streams_numbered_chunks_then_one_final(
-    serve: Any, peer: PahoPeer, tiny_decoder: Path
+    serve: Any, peer: PahoPeer, fast_decoder: Path
 ) -> None:
-    model = edgeinfer.load(tiny_decoder, threads=1)
+    model = edgeinfer.load(fast_decoder, threads=1)
     serve("assistant", {"tiny": model})
     full = "".join(c.text for c in model.stream("the valve", max_new_tokens=40))
     stop = full[len(full) // 2 : len(full) // 2 + 3]
@@ -289,9 +289,9 @@ def test_generation_streams_numbered_chunks_then_one_final(
 
 
 def test_cancel_first_token_deadline_and_busy(
-    serve: Any, peer: PahoPeer, tiny_decoder: Path
+    serve: Any, peer: PahoPeer, fast_decoder: Path
 ) -> None:
-    gated = GatedModel(edgeinfer.load(tiny_decoder, threads=1))
+    gated = GatedModel(edgeinfer.load(fast_decoder, threads=1))
     clock = FakeClock()
     bridge = serve("gen-control", {"tiny": gated}, clock_ms=clock, max_generate_queue=2)
     running = peer.send("gen-control", "tiny", {"id": "long", "prompt": "a", "max_new_tokens": 60})

@@ -32,14 +32,14 @@ def test_inspect_verifies_and_lists_providers(minilm_int8: Path) -> None:
     assert table.returncode == 0 and "verified" in table.stderr
 
 
-def test_inspect_says_which_prompt_form_a_generate_package_expects(tiny_package: Path) -> None:
+def test_inspect_says_which_prompt_form_a_generate_package_expects(fast_decoder: Path) -> None:
     """The tiny decoder has a chat template: requests should be ``messages``."""
-    result = _cli("inspect", str(tiny_package), "--json")
+    result = _cli("inspect", str(fast_decoder), "--json")
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     assert info["manifest"]["io"]["chat_format"] is not None
     assert info["prompt_form"] == "messages"
-    assert "prompt form" in _cli("inspect", str(tiny_package)).stderr
+    assert "prompt form" in _cli("inspect", str(fast_decoder)).stderr
 
 
 def test_inspect_refuses_a_tampered_package(minilm_int8: Path, tmp_path: Path) -> None:

@@ -44,9 +44,9 @@ def _check_engine(levels: list[dict[str, object]], name: str) -> None:
 
 
 def test_concurrency_bench_on_the_tiny_package(
-    tiny_package: Path, capsys: pytest.CaptureFixture[str]
+    fast_decoder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = ["bench", str(tiny_package), "--concurrency", "2", "--tokens", "8", "--threads", "1"]
+    args = ["bench", str(fast_decoder), "--concurrency", "2", "--tokens", "8", "--threads", "1"]
     assert main([*args, "--rounds", "2", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     levels = result["levels"]
@@ -56,7 +56,7 @@ def test_concurrency_bench_on_the_tiny_package(
     assert all("llamacpp" not in level for level in levels)
     console = Console(width=200, record=True)
     console.print(concurrency_table(result))
-    rows = [line for line in console.export_text().splitlines() if tiny_package.name in line]
+    rows = [line for line in console.export_text().splitlines() if fast_decoder.name in line]
     assert len(rows) == 2  # one per stream count
 
 
@@ -70,8 +70,8 @@ def test_concurrency_refuses_what_it_cannot_measure(
             run_concurrency_bench(tmp_path, concurrency=counts, threads=1, tokens=8)
 
 
-def test_concurrency_usage_errors(tiny_package: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    bench = ["bench", str(tiny_package), "--concurrency"]
+def test_concurrency_usage_errors(fast_decoder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = ["bench", str(fast_decoder), "--concurrency"]
     assert main([*bench, "1,two"]) == 2
     assert "stream counts" in capsys.readouterr().err
     assert main([*bench, "1,2", "--baseline", "torch"]) == 2

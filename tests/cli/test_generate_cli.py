@@ -11,11 +11,11 @@ from edgeinfer.cli import main
 
 
 def test_generate_json_matches_stream(
-    tiny_package: Path, capsys: pytest.CaptureFixture[str]
+    fast_decoder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = [
         "generate",
-        str(tiny_package),
+        str(fast_decoder),
         "Hello there",
         "--max-new-tokens",
         "12",
@@ -30,16 +30,16 @@ def test_generate_json_matches_stream(
 
 
 def test_generate_chat_sampling_and_errors(
-    tiny_package: Path, capsys: pytest.CaptureFixture[str]
+    fast_decoder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = ["generate", str(tiny_package), "Hi", "--chat", "--temperature", "0.8", "--top-p", "0.9"]
+    args = ["generate", str(fast_decoder), "Hi", "--chat", "--temperature", "0.8", "--top-p", "0.9"]
     seeded = [*args, "--seed", "5", "--max-new-tokens", "8", "--json", "--threads", "1"]
     assert main(seeded) == 0
     first = json.loads(capsys.readouterr().out)
     assert main(seeded) == 0
     again = json.loads(capsys.readouterr().out)
     assert (again["text"], again["token_ids"]) == (first["text"], first["token_ids"])
-    too_long = ["generate", str(tiny_package), "Hi", "--max-new-tokens", "100000"]
+    too_long = ["generate", str(fast_decoder), "Hi", "--max-new-tokens", "100000"]
     assert main(too_long) == 2  # ContextLengthExceededError: a usage error
     assert "context_length" in capsys.readouterr().err
 

@@ -5,7 +5,6 @@ exactly the top-k/top-p tokens."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -115,12 +114,12 @@ def test_lookup_loop_yields_the_plain_tokens_whatever_the_drafts(
 
 
 def test_kv_cache_grows_with_the_request(
-    tiny_package: Path, monkeypatch: pytest.MonkeyPatch
+    fast_decoder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(kvcache, "GROWTH_TOKENS", 16)
     small = Generator(
-        tiny_package,
-        Manifest.read(tiny_package),
+        fast_decoder,
+        Manifest.read(fast_decoder),
         config=RuntimeConfig(threads=1),
         context_length=96,
     )
@@ -131,8 +130,8 @@ def test_kv_cache_grows_with_the_request(
     assert small.cache.capacity == 64 and small.cache.layer(0)[0] is not keys
     monkeypatch.setattr(kvcache, "GROWTH_TOKENS", 256)
     whole = Generator(
-        tiny_package,
-        Manifest.read(tiny_package),
+        fast_decoder,
+        Manifest.read(fast_decoder),
         config=RuntimeConfig(threads=1),
         context_length=96,
     )
@@ -182,18 +181,9 @@ def test_sampler_draws_from_the_reference_distribution(config: SamplingConfig) -
 
 
 def test_float16_kv_cache_halves_the_cache_and_tracks_float32(
-    tiny: Generator, export_once: Any, package_root: Path
+    tiny: Generator, fast_decoder_kv16: Path
 ) -> None:
-    from edgeinfer.export.options import DecoderOptions
-
-    half = export_once(
-        package_root / "tiny-fp32-kv16",
-        source="tiny-decoder",
-        quantize="none",
-        held_count=4,
-        threads=1,
-        builder=DecoderOptions(kv_dtype="float16"),
-    )
+    half = fast_decoder_kv16
     gen = Generator(half, Manifest.read(half), config=RuntimeConfig(threads=1), context_length=128)
     assert gen.cache.dtype == np.float16 and gen.cache.nbytes * 2 == tiny.cache.nbytes
     ids = tiny.encode("Chelsea won the cup after a long season of")

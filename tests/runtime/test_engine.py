@@ -9,8 +9,10 @@ import mmap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from isolated import in_fresh_process
 
 from edgeinfer.config import ContinuousBatchConfig, RuntimeConfig, SamplingConfig
 from edgeinfer.errors import ConfigError, PackageError
@@ -33,8 +35,8 @@ def _batched(package: Path, **options: int) -> Generator:
 
 
 @pytest.fixture
-def batched(tiny_package: Path) -> Iterator[Generator]:
-    gen = _batched(tiny_package, max_sequences=3)
+def batched(fast_decoder: Path) -> Iterator[Generator]:
+    gen = _batched(fast_decoder, max_sequences=3)
     yield gen
     gen.close()
 
@@ -90,8 +92,8 @@ def test_sequences_are_decoded_together_not_one_after_another(batched: Generator
     assert max(seq.token_s[0] for seq in seqs) < min(seq.token_s[-1] for seq in seqs)
 
 
-def test_an_abandoned_stream_frees_its_slot(tiny_package: Path) -> None:
-    gen = _batched(tiny_package, max_sequences=1)
+def test_an_abandoned_stream_frees_its_slot(fast_decoder: Path) -> None:
+    gen = _batched(fast_decoder, max_sequences=1)
     try:
         stream = gen.stream(PROMPTS[0], max_new_tokens=100, sampling=SamplingConfig())
         next(stream)
@@ -104,14 +106,14 @@ def test_an_abandoned_stream_frees_its_slot(tiny_package: Path) -> None:
         gen.close()
 
 
-def test_a_kv_budget_admits_what_fits_and_refuses_what_never_can(tiny_package: Path) -> None:
-    probe = _batched(tiny_package, max_sequences=4)
+def test_a_kv_budget_admits_what_fits_and_refuses_what_never_can(fast_decoder: Path) -> None:
+    probe = _batched(fast_decoder, max_sequences=4)
     assert probe.engine is not None
     per_token = probe.engine.slots.bytes_per_token
     probe.close()
     ids_per_request = len(probe.encode(PROMPTS[0])) + 8 + 1
     # Room for two such requests at once: the other two wait, then all four finish.
-    gen = _batched(tiny_package, max_sequences=4, kv_budget_bytes=2 * ids_per_request * per_token)
+    gen = _batched(fast_decoder, max_sequences=4, kv_budget_bytes=2 * ids_per_request * per_token)
     try:
         jobs = [{"prompt": PROMPTS[0], "max_new_tokens": 8, "stop_token_ids": frozenset()}] * 4
         outs = all_at_once(gen, [dict(j, sampling=SamplingConfig()) for j in jobs])
@@ -127,7 +129,9 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * mmap.PAGESIZE
 
 
-def test_a_slot_holds_pages_only_for_what_its_sequence_wrote() -> None:
+def _slot_pages() -> dict[str, Any]:
+    """In a fresh process: resident bytes of a 4-row slot cache reserved for 64k positions,
+    after one row is written, and after its sequences are released."""
     layers, heads, dim = 2, 2, 64
     io = DecoderIO(
         graph="model.onnx",
@@ -151,32 +155,48 @@ def test_a_slot_holds_pages_only_for_what_its_sequence_wrote() -> None:
     slots.ensure(1 << 16)  # 4 rows x 64k positions x 2 KiB: 512 MiB reserved, none resident
     row_bytes = (1 << 16) * slots.bytes_per_token  # 128 MiB
     base = _rss_bytes()
-    assert base - before < 0.05 * row_bytes  # the reservation itself costs no resident memory
     for buffer in slots.buffers:
         buffer[1] = 1.0  # row 1 written in full
     slots.open(1, 1 << 16)
     grown = _rss_bytes() - base
-    assert 0.95 * row_bytes <= grown <= 1.05 * row_bytes
-    assert slots.nbytes == row_bytes
+    held = slots.nbytes
     slots.move(1, 0)  # row 1's sequence moves up into row 0
-    assert all(float(buffer[0].min()) == 1.0 for buffer in slots.buffers)
+    moved = all(float(buffer[0].min()) == 1.0 for buffer in slots.buffers)
     slots.release(1)
     slots.release(0)
-    assert slots.nbytes == 0
-    assert _rss_bytes() - base < 0.05 * row_bytes  # the pages went back to the kernel
-    assert all(float(buffer[0].max()) == 0.0 for buffer in slots.buffers)  # and read as zeros
+    return {
+        "row_bytes": row_bytes,
+        "reserved": base - before,
+        "grown": grown,
+        "held": held,
+        "moved": moved,
+        "held_after": slots.nbytes,
+        "left": _rss_bytes() - base,
+        "zeros": all(float(buffer[0].max()) == 0.0 for buffer in slots.buffers),
+    }
 
 
-def test_a_package_without_the_extra_row_input_is_refused_with_a_fix(tiny_package: Path) -> None:
-    manifest = Manifest.read(tiny_package)
-    gen = Generator(tiny_package, manifest, config=RuntimeConfig(threads=1), context_length=64)
+def test_a_slot_holds_pages_only_for_what_its_sequence_wrote() -> None:
+    got = in_fresh_process(_slot_pages)
+    row_bytes = got["row_bytes"]
+    assert got["reserved"] < 0.05 * row_bytes  # the reservation itself costs no resident memory
+    assert 0.95 * row_bytes <= got["grown"] <= 1.05 * row_bytes
+    assert got["held"] == row_bytes and got["moved"]
+    assert got["held_after"] == 0
+    assert got["left"] < 0.05 * row_bytes  # the pages went back to the kernel
+    assert got["zeros"]  # and read as zeros
+
+
+def test_a_package_without_the_extra_row_input_is_refused_with_a_fix(fast_decoder: Path) -> None:
+    manifest = Manifest.read(fast_decoder)
+    gen = Generator(fast_decoder, manifest, config=RuntimeConfig(threads=1), context_length=64)
     gen.io = dataclasses.replace(gen.io, extra_row_input=None)  # an older export's io
     with pytest.raises(PackageError, match="re-export"):
         Engine(gen, ContinuousBatchConfig(max_sequences=2), decode=gen.decode)
 
 
-def test_prefill_in_chunks_gives_the_same_tokens(tiny: Generator, tiny_package: Path) -> None:
-    gen = _batched(tiny_package, max_sequences=2, prefill_chunk_tokens=3)
+def test_prefill_in_chunks_gives_the_same_tokens(tiny: Generator, fast_decoder: Path) -> None:
+    gen = _batched(fast_decoder, max_sequences=2, prefill_chunk_tokens=3)
     try:
         long = " ".join(PROMPTS)
         assert gen.generate(long, max_new_tokens=12).token_ids == (
@@ -187,19 +207,19 @@ def test_prefill_in_chunks_gives_the_same_tokens(tiny: Generator, tiny_package: 
 
 
 def test_continuous_batching_refuses_what_keeps_one_sequences_cache(
-    tiny_package: Path, tmp_path: Path
+    fast_decoder: Path, tmp_path: Path
 ) -> None:
     from edgeinfer.config import PrefixCacheConfig
 
     with pytest.raises(ConfigError, match="prefix cache"):
         Generator(
-            tiny_package,
-            Manifest.read(tiny_package),
+            fast_decoder,
+            Manifest.read(fast_decoder),
             config=RuntimeConfig(threads=1),
             prefix_cache=PrefixCacheConfig(directory=tmp_path),
             batching=ContinuousBatchConfig(max_sequences=2),
         )
-    gen = _batched(tiny_package, max_sequences=2)
+    gen = _batched(fast_decoder, max_sequences=2)
     try:
         with pytest.raises(ConfigError, match="warm_prefix"):
             gen.warm_prefix("You are a valve controller.\n")
@@ -209,13 +229,13 @@ def test_continuous_batching_refuses_what_keeps_one_sequences_cache(
 
 @pytest.mark.parametrize("name", ["not_an_input", None])
 def test_a_manifest_that_misnames_the_extra_row_input_is_refused_at_load(
-    tiny_package: Path, name: str | None
+    fast_decoder: Path, name: str | None
 ) -> None:
-    manifest = Manifest.read(tiny_package)
+    manifest = Manifest.read(fast_decoder)
     wrong = dataclasses.replace(manifest.io, extra_row_input=name)
     with pytest.raises(PackageError, match=r"does not match its decoder graph.*re-export"):
         Generator(
-            tiny_package,
+            fast_decoder,
             dataclasses.replace(manifest, io=wrong),
             config=RuntimeConfig(threads=1),
             context_length=64,

@@ -36,16 +36,16 @@ def greedy_by_recompute(package: Path, ids: list[int], count: int) -> list[int]:
 
 @pytest.mark.parametrize("prompt", [*PROMPTS, CHAT])
 def test_kv_cached_greedy_equals_full_recompute(
-    tiny: Generator, tiny_package: Path, prompt: object
+    tiny: Generator, fast_decoder: Path, prompt: object
 ) -> None:
     ids = tiny.encode(prompt)  # type: ignore[arg-type]
     cached = [int(t) for t in tiny.tokens(ids, max_new_tokens=24, sampling=SamplingConfig())]
-    assert cached == greedy_by_recompute(tiny_package, ids, len(cached))
+    assert cached == greedy_by_recompute(fast_decoder, ids, len(cached))
 
 
-def test_kv_cached_logits_match_full_recompute(tiny: Generator, tiny_package: Path) -> None:
-    manifest = Manifest.read(tiny_package)
-    session = ort.InferenceSession(str(tiny_package / manifest.io.graph))
+def test_kv_cached_logits_match_full_recompute(tiny: Generator, fast_decoder: Path) -> None:
+    manifest = Manifest.read(fast_decoder)
+    session = ort.InferenceSession(str(fast_decoder / manifest.io.graph))
     ids = tiny.encode(PROMPTS[1])
     seq = list(ids)
     step = tiny.prefill(ids)
@@ -136,14 +136,14 @@ def test_stop_string_cuts_stream_and_result(tiny: Generator) -> None:
     )
 
 
-def test_eos_ends_generation(tiny_package: Path) -> None:
-    manifest = Manifest.read(tiny_package)
-    plain = Generator(tiny_package, manifest, config=RuntimeConfig(threads=1), context_length=128)
+def test_eos_ends_generation(fast_decoder: Path) -> None:
+    manifest = Manifest.read(fast_decoder)
+    plain = Generator(fast_decoder, manifest, config=RuntimeConfig(threads=1), context_length=128)
     tokens = plain.generate(PROMPTS[0], max_new_tokens=12).token_ids
     cut = next(i for i in range(2, 12) if tokens[i] not in tokens[:i])
     io = dataclasses.replace(manifest.io, stop_token_ids=(tokens[cut],))
     gen = Generator(
-        tiny_package,
+        fast_decoder,
         dataclasses.replace(manifest, io=io),
         config=RuntimeConfig(threads=1),
         context_length=128,
@@ -180,26 +180,26 @@ def test_manifest_records_decoder_geometry(tiny_package: Path) -> None:
     assert "{% for message in messages %}" in io.chat_template
 
 
-def test_bad_arguments_are_config_errors(tiny: Generator, tiny_package: Path) -> None:
+def test_bad_arguments_are_config_errors(tiny: Generator, fast_decoder: Path) -> None:
     with pytest.raises(ConfigError):
         SamplingConfig(top_p=0.0)
     with pytest.raises(ConfigError):
         tiny.generate(PROMPTS[0], max_new_tokens=0)
     with pytest.raises(ConfigError):
         Generator(
-            tiny_package,
-            Manifest.read(tiny_package),
+            fast_decoder,
+            Manifest.read(fast_decoder),
             config=RuntimeConfig(threads=1),
             context_length=10**6,
         )
 
 
-def test_load_serves_generation_through_the_model_facade(tiny_package: Path) -> None:
+def test_load_serves_generation_through_the_model_facade(fast_decoder: Path) -> None:
     """``edgeinfer.load`` on a generate package: verified, warm, and the same tokens as the
     Generator underneath; embed/classify and caching refuse it clearly."""
     import edgeinfer
 
-    model = edgeinfer.load(tiny_package, threads=1)
+    model = edgeinfer.load(fast_decoder, threads=1)
     assert model.task == "generate" and model.cold_start_ms > 0
     assert model.providers[-1] == "CPUExecutionProvider"
     result = model.generate("The market rose", max_new_tokens=8)
@@ -208,15 +208,15 @@ def test_load_serves_generation_through_the_model_facade(tiny_package: Path) -> 
     with pytest.raises(ConfigError, match="no embed"):
         model.embed("not an encoder")
     with pytest.raises(ConfigError, match="cache serves embed and classify packages"):
-        edgeinfer.load(tiny_package, cache=edgeinfer.CacheConfig(persist=False))
+        edgeinfer.load(fast_decoder, cache=edgeinfer.CacheConfig(persist=False))
 
 
-def test_prefix_kv_cache_reuses_a_shared_prompt_prefix(tiny: Generator, tiny_package: Path) -> None:
+def test_prefix_kv_cache_reuses_a_shared_prompt_prefix(tiny: Generator, fast_decoder: Path) -> None:
     """A prompt that starts with the ids already in the cache prefills only the rest, and
     gives exactly what a fresh generator gives; a different prompt reuses nothing."""
     fresh = Generator(
-        tiny_package,
-        Manifest.read(tiny_package),
+        fast_decoder,
+        Manifest.read(fast_decoder),
         config=RuntimeConfig(threads=1),
         context_length=128,
     )

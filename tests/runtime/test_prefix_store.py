@@ -58,20 +58,20 @@ def prefix_files(folder: Path) -> list[Path]:
     return sorted(folder.glob("prefix-*.npz"))
 
 
-def test_a_restart_reuses_the_stored_system_prompt(tiny_package: Path, tmp_path: Path) -> None:
+def test_a_restart_reuses_the_stored_system_prompt(fast_decoder: Path, tmp_path: Path) -> None:
     """Two processes in turn: the first prefills everything and stores the system prompt, the
     second loads it and prefills only the rest; both answer as a generator without the cache."""
     runs = []
     for _ in range(2):
         out = subprocess.run(
-            [sys.executable, "-c", RESTART, str(tiny_package), str(tmp_path), json.dumps(CHAT)],
+            [sys.executable, "-c", RESTART, str(fast_decoder), str(tmp_path), json.dumps(CHAT)],
             capture_output=True,
             text=True,
             check=True,
         )
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     first, second = runs
-    plain = generator(tiny_package, None)
+    plain = generator(fast_decoder, None)
     expected = plain.generate(CHAT, max_new_tokens=8).text
     system = len(plain._system_ids(CHAT, plain.encode(CHAT)))
     assert first["from_disk"] == first["reused"] == 0
@@ -81,16 +81,16 @@ def test_a_restart_reuses_the_stored_system_prompt(tiny_package: Path, tmp_path:
     assert len(prefix_files(tmp_path)) == 1
 
 
-def test_another_package_or_prefix_never_reuses_it(tiny_package: Path, tmp_path: Path) -> None:
+def test_another_package_or_prefix_never_reuses_it(fast_decoder: Path, tmp_path: Path) -> None:
     """A package with another digest (same weights, a re-serialized tokenizer file) and a
     different system prompt both miss; a file renamed to another prefix's name is refused."""
     folder = tmp_path / "kv"
-    gen = generator(tiny_package, folder)
+    gen = generator(fast_decoder, folder)
     expected = gen.generate(CHAT, max_new_tokens=8).text
     assert len(prefix_files(folder)) == 1
 
     twin = tmp_path / "twin"
-    shutil.copytree(tiny_package, twin)
+    shutil.copytree(fast_decoder, twin)
     manifest = Manifest.read(twin)
     tokenizer = twin / manifest.io.tokenizer
     tokenizer.write_text(json.dumps(json.loads(tokenizer.read_text()), indent=1))
@@ -107,7 +107,7 @@ def test_another_package_or_prefix_never_reuses_it(tiny_package: Path, tmp_path:
 
     changed = [{"role": "system", "content": SYSTEM + " Pressure above six bar stops it."}]
     changed.append(CHAT[1])
-    fresh = generator(tiny_package, folder)
+    fresh = generator(fast_decoder, folder)
     fresh_text = fresh.generate(changed, max_new_tokens=8).text
     assert fresh.prefix_from_disk == 0
     # Put the first prompt's file under the changed prompt's name: refused, then recomputed.
@@ -115,7 +115,7 @@ def test_another_package_or_prefix_never_reuses_it(tiny_package: Path, tmp_path:
     assert store is not None
     ids, changed_ids = (fresh._system_ids(c, fresh.encode(c)) for c in (CHAT, changed))
     shutil.copy(store.path(ids), store.path(changed_ids))
-    again = generator(tiny_package, folder)
+    again = generator(fast_decoder, folder)
     assert again.generate(changed, max_new_tokens=8).text == fresh_text
     assert again.prefix_from_disk == 0
     loaded = store.load(changed_ids)  # rewritten by the generation above
@@ -124,9 +124,9 @@ def test_another_package_or_prefix_never_reuses_it(tiny_package: Path, tmp_path:
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped", "garbage", "empty"])
 def test_a_damaged_file_is_deleted_and_recomputed(
-    tiny_package: Path, tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+    fast_decoder: Path, tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    gen = generator(tiny_package, tmp_path)
+    gen = generator(fast_decoder, tmp_path)
     expected = gen.generate(CHAT, max_new_tokens=8).text
     (path,) = prefix_files(tmp_path)
     data = bytearray(path.read_bytes())
@@ -140,32 +140,32 @@ def test_a_damaged_file_is_deleted_and_recomputed(
     else:
         data = bytearray()
     path.write_bytes(bytes(data))
-    restarted = generator(tiny_package, tmp_path)
+    restarted = generator(fast_decoder, tmp_path)
     with caplog.at_level(logging.WARNING, logger="edgeinfer.runtime.generate.prefix_store"):
         assert restarted.generate(CHAT, max_new_tokens=8).text == expected
     assert restarted.prefix_from_disk == 0
     assert "deleting it" in caplog.text
-    assert generator(tiny_package, tmp_path).generate(CHAT, max_new_tokens=8).text == expected
+    assert generator(fast_decoder, tmp_path).generate(CHAT, max_new_tokens=8).text == expected
     (path,) = prefix_files(tmp_path)  # stored again, whole
 
 
 def test_warm_prefix_loads_a_plain_prefix_after_a_restart(
-    tiny_package: Path, tmp_path: Path
+    fast_decoder: Path, tmp_path: Path
 ) -> None:
     """``warm_prefix`` stores a plain-text prefix; a new generator loads it and its logits
     equal a fresh full prefill's."""
     prefix = "Sensor log of line three.\n"
     prompt = prefix + "Valve seven reads 6.2 bar; the line"
-    first = generator(tiny_package, tmp_path)
+    first = generator(fast_decoder, tmp_path)
     count = first.warm_prefix(prefix)
     assert first.prefix_from_disk == 0 and count == len(first.encode(prefix))
-    second = generator(tiny_package, tmp_path)
+    second = generator(fast_decoder, tmp_path)
     assert second.warm_prefix(prefix) == count and second.prefix_from_disk == count
     ids = second.encode(prompt)
     assert ids[:count] == second.encode(prefix)
     logits = second.prefill(ids).copy()
     assert second.prefix_reused == count
-    np.testing.assert_allclose(logits, generator(tiny_package, None).prefill(ids), atol=1e-5)
+    np.testing.assert_allclose(logits, generator(fast_decoder, None).prefill(ids), atol=1e-5)
 
 
 def test_the_store_evicts_the_least_recently_used_past_max_bytes(tmp_path: Path) -> None:
@@ -190,17 +190,17 @@ def test_the_store_evicts_the_least_recently_used_past_max_bytes(tmp_path: Path)
 
 
 def test_load_takes_the_prefix_cache_for_generate_packages_only(
-    tiny_package: Path, minilm_int8: Path, tmp_path: Path
+    fast_decoder: Path, fast_encoder: Path, tmp_path: Path
 ) -> None:
     import edgeinfer
     from edgeinfer.errors import ConfigError
 
     config = PrefixCacheConfig(directory=tmp_path)
-    first = edgeinfer.load(tiny_package, threads=1, prefix_cache=config)
+    first = edgeinfer.load(fast_decoder, threads=1, prefix_cache=config)
     text = first.generate(CHAT, max_new_tokens=6).text
     assert len(prefix_files(tmp_path)) == 1
-    again = edgeinfer.load(tiny_package, threads=1, prefix_cache=config)
+    again = edgeinfer.load(fast_decoder, threads=1, prefix_cache=config)
     assert again.generate(CHAT, max_new_tokens=6).text == text
     assert again.warm_prefix("Shift report.\n") > 0 and len(prefix_files(tmp_path)) == 2
     with pytest.raises(ConfigError, match="prefix_cache serves generate packages"):
-        edgeinfer.load(minilm_int8, prefix_cache=config)
+        edgeinfer.load(fast_encoder, prefix_cache=config)

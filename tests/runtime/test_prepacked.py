@@ -43,29 +43,29 @@ def _entries(cache: Path) -> list[Path]:
 
 
 def test_the_first_load_writes_the_prepacks_and_later_loads_map_them(
-    tiny_package: Path, tmp_path: Path
+    fast_decoder: Path, tmp_path: Path
 ) -> None:
-    plain = _greedy(tiny_package, edgeinfer.RuntimeConfig(threads=1, warmup_runs=0))
-    assert _greedy(tiny_package, _config(tmp_path)) == plain
+    plain = _greedy(fast_decoder, edgeinfer.RuntimeConfig(threads=1, warmup_runs=0))
+    assert _greedy(fast_decoder, _config(tmp_path)) == plain
     [entry] = _entries(tmp_path)
     record = json.loads((entry / "entry.json").read_text())
     assert record["identity"]["cpu"] == prepacked.cpu_fingerprint()
     # the packed panels are written beside the weights: more bytes than the package's data
-    packaged = (tiny_package / "model.onnx.data").stat().st_size
+    packaged = (fast_decoder / "model.onnx.data").stat().st_size
     assert record["files"]["model.onnx.data"]["bytes"] > packaged
     built = (entry / "model.onnx.data").stat().st_ino
-    assert _greedy(tiny_package, _config(tmp_path)) == plain
+    assert _greedy(fast_decoder, _config(tmp_path)) == plain
     assert _entries(tmp_path) == [entry] and (entry / "model.onnx.data").stat().st_ino == built
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no link folder left
 
 
 def test_an_entry_made_for_another_cpu_is_never_read(
-    tiny_package: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fast_decoder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    plain = _greedy(tiny_package, _config(tmp_path))
+    plain = _greedy(fast_decoder, _config(tmp_path))
     here = prepacked.cpu_fingerprint()
     monkeypatch.setattr(prepacked, "cpu_fingerprint", lambda: "x86_64:avx2 fma sse4_2")
-    assert _greedy(tiny_package, _config(tmp_path)) == plain
+    assert _greedy(fast_decoder, _config(tmp_path)) == plain
     cpus = {
         json.loads((e / "entry.json").read_text())["identity"]["cpu"] for e in _entries(tmp_path)
     }
@@ -73,9 +73,9 @@ def test_an_entry_made_for_another_cpu_is_never_read(
 
 
 def test_a_damaged_entry_is_built_again(
-    tiny_package: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    fast_decoder: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    plain = _greedy(tiny_package, _config(tmp_path))
+    plain = _greedy(fast_decoder, _config(tmp_path))
     [entry] = _entries(tmp_path)
     data = entry / "model.onnx.data"
     data.chmod(0o644)  # the cache keeps its files read-only
@@ -85,7 +85,7 @@ def test_a_damaged_entry_is_built_again(
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0xFF]))
     with caplog.at_level(logging.WARNING, logger="edgeinfer.runtime.prepacked"):
-        assert _greedy(tiny_package, _config(tmp_path)) == plain
+        assert _greedy(fast_decoder, _config(tmp_path)) == plain
     assert "cannot be used (model.onnx.data's sha256 differs" in caplog.text
     record = json.loads((entry / "entry.json").read_text())
     from edgeinfer.manifest import sha256_file
@@ -150,15 +150,15 @@ def test_smollm2s_prepacks_leave_anonymous_memory(smollm2_package: Path, tmp_pat
     assert plain["anonymous"] - backed["anonymous"] > 100 * 2**20
 
 
-def test_the_cache_keeps_the_most_recently_used_entries(tiny_package: Path, tmp_path: Path) -> None:
-    _greedy(tiny_package, _config(tmp_path))
+def test_the_cache_keeps_the_most_recently_used_entries(fast_decoder: Path, tmp_path: Path) -> None:
+    _greedy(fast_decoder, _config(tmp_path))
     [real] = _entries(tmp_path)
     for i in range(prepacked._KEEP_ENTRIES + 2):  # older entries of other graphs
         old = tmp_path / f"other-{i}"
         shutil.copytree(real, old)
         os.utime(old / "entry.json", ns=(10**9 * (i + 1),) * 2)
     shutil.rmtree(real)
-    _greedy(tiny_package, _config(tmp_path))  # builds again, then prunes
+    _greedy(fast_decoder, _config(tmp_path))  # builds again, then prunes
     left = {e.name for e in _entries(tmp_path)}
     assert len(left) == prepacked._KEEP_ENTRIES and real.name in left
     newest = {f"other-{i}" for i in range(3, prepacked._KEEP_ENTRIES + 2)}
@@ -175,9 +175,9 @@ def test_the_cache_keeps_the_most_recently_used_entries(tiny_package: Path, tmp_
         '{"files": {"../../model.onnx": {"bytes": 1, "sha256": "0"}}, "identity": {}}',
     ],
 )
-def test_a_hostile_entry_record_is_rebuilt(tiny_package: Path, tmp_path: Path, record: str) -> None:
-    plain = _greedy(tiny_package, _config(tmp_path))
+def test_a_hostile_entry_record_is_rebuilt(fast_decoder: Path, tmp_path: Path, record: str) -> None:
+    plain = _greedy(fast_decoder, _config(tmp_path))
     [entry] = _entries(tmp_path)
     (entry / "entry.json").write_text(record)
-    assert _greedy(tiny_package, _config(tmp_path)) == plain
+    assert _greedy(fast_decoder, _config(tmp_path)) == plain
     assert "model.onnx" in json.loads((entry / "entry.json").read_text())["files"]  # rebuilt
