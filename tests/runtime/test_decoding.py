@@ -183,8 +183,12 @@ def test_sampler_draws_from_the_reference_distribution(config: SamplingConfig) -
 def test_float16_kv_cache_halves_the_cache_and_tracks_float32(
     tiny: Generator, fast_decoder_kv16: Path
 ) -> None:
-    half = fast_decoder_kv16
-    gen = Generator(half, Manifest.read(half), config=RuntimeConfig(threads=1), context_length=128)
+    gen = Generator(
+        fast_decoder_kv16,
+        Manifest.read(fast_decoder_kv16),
+        config=RuntimeConfig(threads=1),
+        context_length=128,
+    )
     assert gen.cache.dtype == np.float16 and gen.cache.nbytes * 2 == tiny.cache.nbytes
     ids = tiny.encode("Chelsea won the cup after a long season of")
     np.testing.assert_allclose(gen.prefill(ids), tiny.prefill(ids), atol=2e-2)
