@@ -94,8 +94,8 @@ class PermitModel:
 
 
 @pytest.fixture
-def gated(broker: Mosquitto, tiny_decoder: Path) -> Iterator[tuple[Bridge, PermitModel]]:
-    model = PermitModel(edgeinfer.load(tiny_decoder, threads=1))
+def gated(broker: Mosquitto, fast_decoder: Path) -> Iterator[tuple[Bridge, PermitModel]]:
+    model = PermitModel(edgeinfer.load(fast_decoder, threads=1))
     config = BridgeConfig(
         connection=Connection(broker=broker.url, client_id="b-iso-gen"),
         device_id="iso-gen",

@@ -45,12 +45,12 @@ def test_a_failure_in_the_child_comes_back_as_its_error_class(tmp_path: Path) ->
 
 
 def test_a_hostile_tokenizer_model_is_parsed_in_the_child(
-    tiny_decoder: Path, tmp_path: Path
+    fast_decoder: Path, tmp_path: Path
 ) -> None:
     """A generate package whose light tokenizer is garbage: sentencepiece refuses it in the
     child, and the refusal is the runtime's PackageError."""
     package = tmp_path / "pkg"
-    shutil.copytree(tiny_decoder, package)
+    shutil.copytree(fast_decoder, package)
     (package / "tokenizer.model").write_bytes(b"\x0a\xff\xff\xff\xff\x0f" + bytes(range(256)) * 16)
     manifest = Manifest.read(package)
     files = {**manifest.files, **file_entries(package, ["tokenizer.model"])}

@@ -5,6 +5,7 @@ exactly the top-k/top-p tokens."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
