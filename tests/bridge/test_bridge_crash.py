@@ -113,8 +113,13 @@ class BridgeProcess:
             text=True,
         )
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()  # blocks until "ready" (or the process ended)
-        assert line.strip() == "ready", line + self.proc.stdout.read()
+        said = []  # log lines before "ready" (a restart's reconnect notice, say) are kept
+        for line in self.proc.stdout:  # blocks until "ready" or the process ends
+            if line.strip() == "ready":
+                break
+            said.append(line)
+        else:
+            raise AssertionError("the bridge ended before it was ready:\n" + "".join(said))
         self.peak_rss_mb = 0.0
         self.sample()
 

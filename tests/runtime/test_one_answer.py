@@ -56,8 +56,8 @@ def _load(package: Path, *, threads: int, slots: int | None) -> Generator:
 
 
 @pytest.fixture
-def engine4(tiny_package: Path) -> Iterator[Generator]:
-    gen = _load(tiny_package, threads=1, slots=4)
+def engine4(fast_decoder: Path) -> Iterator[Generator]:
+    gen = _load(fast_decoder, threads=1, slots=4)
     yield gen
     gen.close()
 
