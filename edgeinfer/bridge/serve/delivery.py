@@ -97,7 +97,7 @@ class Delivery:
                     f"id {decoded.id!r} was already used for a different request from this "
                     "reply address; send each new request with a fresh id"
                 )
-                self._send_error(_error(decoded, proto.ID_REUSED, message), None)
+                self._send_error(decoded.error(proto.ID_REUSED, message), None)
                 return
             self.counts["replayed"] += 1
             self._replay(decoded, known)
@@ -141,10 +141,10 @@ class Delivery:
                     f"the bridge restarted {entry.starts} times while running this request "
                     "(it may be what stops it); it is not run again"
                 )
-                self._send_error(_error(decoded, proto.INTERNAL, message), key)
+                self._send_error(decoded.error(proto.INTERNAL, message), key)
             elif expires is not None and self._clock() >= expires:
                 message = "the message expired while the bridge was down; the model was not run"
-                self._send_error(_error(decoded, proto.DEADLINE_EXCEEDED, message), key)
+                self._send_error(decoded.error(proto.DEADLINE_EXCEEDED, message), key)
             else:
                 self._submit(decoded)
         if pending:
@@ -235,18 +235,6 @@ class Delivery:
         with self._lock:
             live, awaiting = len(self._live), len(self._awaiting)
         return {**self.counts, "in_flight": live, "awaiting_puback": awaiting}
-
-
-def _error(request: proto.Request, code: str, message: str) -> proto.ErrorReply:
-    return proto.ErrorReply(
-        code,
-        message,
-        id=request.id,
-        model=request.model,
-        reply_to=request.reply_to,
-        correlation=request.correlation,
-        fmt=request.fmt,
-    )
 
 
 def _succeeded(answer: Answer) -> bool:

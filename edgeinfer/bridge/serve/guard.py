@@ -112,15 +112,7 @@ class Ticket:
     def fail(self, code: str, message: str) -> None:
         """The final reply: the error ``code``; the identity is forgotten (ask it again)."""
         request = self.request
-        error = proto.ErrorReply(
-            code,
-            message,
-            id=request.id,
-            model=request.model,
-            reply_to=request.reply_to,
-            correlation=request.correlation,
-            fmt=request.fmt,
-        )
+        error = request.error(code, message)
         if self._take_final():
             self._count(f"error.{code}")
             self._end(None, error_outgoing(error, key=request.key))

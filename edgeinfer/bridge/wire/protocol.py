@@ -144,6 +144,19 @@ class Request:
         client's request with the same id is another request)."""
         return (self.reply_to or "", self.model, self.id)
 
+    def error(self, code: str, message: str) -> ErrorReply:
+        """The error ``code`` as this request's reply (its id, model, reply topic,
+        correlation data and format)."""
+        return ErrorReply(
+            code,
+            message,
+            id=self.id,
+            model=self.model,
+            reply_to=self.reply_to,
+            correlation=self.correlation,
+            fmt=self.fmt,
+        )
+
 
 @dataclass(frozen=True)
 class ErrorReply:
