@@ -1,15 +1,24 @@
 """``edgeinfer.bridge.Client``: send requests to a bridge and wait for the replies.
 
-A broker killed with -9 can lose QoS 1 messages it had acknowledged, so the client re-sends a
-request with the **same id** when no reply came within ``attempt_timeout_s`` (backing off); the
-bridge answers a repeated id from its de-duplication store without running the model twice.
-Each future resolves once; further replies are counted in ``duplicate_replies`` and dropped.
+A broker killed with -9 can lose QoS 1 messages it had acknowledged, and a member of a shared
+group that dies takes the requests it had accepted with it, so the client re-sends a request
+with the **same id** when no reply came within ``attempt_timeout_s`` (backing off): the broker
+hands the re-send to a live member, and a bridge that has seen the id answers it from its
+de-duplication store without running the model twice. Each future resolves once; further
+replies (a member that answered too, then died before the reply got out) are counted in
+``duplicate_replies`` and dropped.
+
+Every request carries its expiry as the MQTT v5 Message Expiry Interval: the time left until
+its deadline, or else until the client gives up (every attempt's wait). The broker discards it
+once that has passed, and a bridge drops it unstarted (``deadline_exceeded``), so a member
+returning after an outage never runs work nobody waits for.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -65,6 +74,7 @@ class _Pending:
     resends_left: int
     backoff: float  # each wait is this many times the previous one
     busy_wait_s: float  # wait before re-sending after a `busy` reply (doubles each time)
+    expires_at: float  # time.monotonic() after which no one waits for the answer
     attempts: int = 1
     on_chunk: Callable[[dict[str, Any]], None] | None = None  # a generation's chunks
     next_chunk: int = 0  # chunks below this number were delivered (repeats are dropped)
@@ -215,6 +225,7 @@ class Client:
         body["reply_to"] = self.reply_topic
         payload = proto.encode(body, fmt=self.fmt)
         content_type = proto.CONTENT_MSGPACK if self.fmt == "msgpack" else None
+        waits_s = attempt_timeout_s * sum(backoff**k for k in range(retries + 1))
         return self._send(
             f"{self.base}/{model}/req",
             payload,
@@ -225,6 +236,7 @@ class Client:
             backoff,
             busy_wait_s,
             on_chunk,
+            expiry_s=_expiry_s(timeout_ms, deadline_ms, waits_s),
         )
 
     def request(
@@ -255,7 +267,7 @@ class Client:
         correlation = f"raw-{self._prefix}-{next(self._ids)}".encode()
         topic = f"{self.base}/{model}/req"
         return self._send(topic, payload, correlation, content_type, attempt_timeout_s, retries,
-                          1.0, 0.0)  # fmt: skip
+                          1.0, 0.0, expiry_s=attempt_timeout_s * (retries + 1))  # fmt: skip
 
     def _send(
         self,
@@ -268,19 +280,23 @@ class Client:
         backoff: float,
         busy_wait_s: float,
         on_chunk: Callable[[dict[str, Any]], None] | None = None,
+        *,
+        expiry_s: float,
     ) -> Future[dict[str, Any]]:
         future: Future[dict[str, Any]] = Future()
+        now = time.monotonic()
         item = _Pending(
             topic,
             payload,
             correlation,
             content_type,
             future,
-            next_send=time.monotonic() + attempt_timeout_s,
+            next_send=now + attempt_timeout_s,
             wait_s=attempt_timeout_s * backoff,
             resends_left=retries,
             backoff=backoff,
             busy_wait_s=busy_wait_s,
+            expires_at=now + expiry_s,
             on_chunk=on_chunk,
         )
         with self._lock:
@@ -304,6 +320,8 @@ class Client:
             props.CorrelationData = item.correlation
             if item.content_type:
                 props.ContentType = item.content_type
+            # Whole seconds, rounded up, at least 1 (0 would mean "never expires" to no one).
+            props.MessageExpiryInterval = max(1, math.ceil(item.expires_at - time.monotonic()))
         # Disconnected: paho keeps the QoS 1 message and sends it after reconnecting.
         self._client.publish(item.topic, item.payload, qos=self.qos, properties=props)
 
@@ -398,3 +416,15 @@ class Client:
                 return
             del self._pending[key]
         item.future.set_result(reply)
+
+
+def _expiry_s(timeout_ms: float | None, deadline_ms: float | None, waits_s: float) -> float:
+    """Seconds until a request's answer is useless: its timeout or deadline, else ``waits_s``
+    (when the client gives up). Bad values are the bridge's to refuse: the client's own
+    bound then."""
+    if isinstance(timeout_ms, int | float) and math.isfinite(timeout_ms) and timeout_ms > 0:
+        return min(float(timeout_ms) / 1e3, waits_s)
+    if isinstance(deadline_ms, int | float) and math.isfinite(deadline_ms):
+        left_s = (float(deadline_ms) - time.time() * 1e3) / 1e3
+        return min(max(left_s, 0.0), waits_s)
+    return waits_s

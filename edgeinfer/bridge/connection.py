@@ -1,16 +1,21 @@
-"""How the bridge and its client reach a broker: URL, auth, TLS, protocol, persistent session.
+"""How the bridge and its client reach a broker: URL, auth, TLS, protocol, session.
 
 Both sides build their paho client here, so both get the same choices: paho-mqtt 2.x with
 ``CallbackAPIVersion.VERSION2``, MQTT v5 by default (3.1.1 supported), a persistent session (clean
 start off, a session expiry) so QoS 1 messages survive a disconnect, and TCP_NODELAY on the socket
 (without it a QoS 1 round trip on loopback waits on Nagle's algorithm: tens of ms instead of ~1).
+
+A member of a shared-subscription group is the exception (``Connection.group_member``): a
+session the broker kept for a dead member would keep receiving that member's round-robin share
+(MQTT v5 §4.8.2 lets the broker queue it there for the whole session expiry), so a member
+starts clean and its session ends with its connection; what it had accepted is in its journal.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -27,6 +32,7 @@ if TYPE_CHECKING:
     from paho.mqtt.reasoncodes import ReasonCode
 
 __all__ = [
+    "GROUP_KEEPALIVE_S",
     "PROTOCOLS",
     "Connection",
     "Handshake",
@@ -37,6 +43,9 @@ __all__ = [
 
 _SCHEMES = {"mqtt": (1883, False), "tcp": (1883, False), "mqtts": (8883, True), "ssl": (8883, True)}
 PROTOCOLS = ("5", "3.1.1")
+# A group member's keepalive at most: a member cut off without a TCP close (power, network) is
+# noticed within 15 s, and its share goes to the others; one PINGREQ per 10 s costs nothing.
+GROUP_KEEPALIVE_S = 10
 
 
 def parse_broker_url(url: str) -> tuple[str, int, bool]:
@@ -71,6 +80,8 @@ class Connection:
         session_expiry_s: how long the broker keeps the session (and queued QoS 1 messages)
             after a disconnect; one hour covers a device reboot or a broker restart.
         keepalive_s: MQTT keepalive; 30 s notices a dead link within ~45 s.
+        clean_start: start with a fresh session, discarding one the broker kept (MQTT v5 Clean
+            Start, 3.1.1 clean session); off: a reconnect gets its queued messages back.
         reconnect_min_s, reconnect_max_s: reconnect backoff bounds (doubling in between).
     """
 
@@ -84,6 +95,7 @@ class Connection:
     tls_key: Path | None = None
     session_expiry_s: int = 3600
     keepalive_s: int = 30
+    clean_start: bool = False
     reconnect_min_s: int = 1
     reconnect_max_s: int = 30
 
@@ -106,6 +118,18 @@ class Connection:
     def is_v5(self) -> bool:
         """Whether this connection speaks MQTT v5."""
         return self.protocol == "5"
+
+    def group_member(self) -> Connection:
+        """This connection as a shared-group member uses it: a clean start and a session that
+        ends with the connection (expiry 0), so a member that dies stops receiving its share
+        as soon as the broker sees the link gone (at once for a killed process: its socket
+        closes; within 1.5 keepalives for a power cut, hence at most ``GROUP_KEEPALIVE_S``)."""
+        return replace(
+            self,
+            session_expiry_s=0,
+            clean_start=True,
+            keepalive_s=min(self.keepalive_s, GROUP_KEEPALIVE_S),
+        )
 
 
 def _nodelay(client: Any, userdata: Any, sock: Any) -> None:
@@ -135,7 +159,7 @@ def new_paho_client(conn: Connection) -> PahoClient:
             CallbackAPIVersion.VERSION2,
             client_id=conn.client_id,
             protocol=MQTTProtocolVersion.MQTTv311,
-            clean_session=False,
+            clean_session=conn.clean_start,
         )
     if conn.username is not None:
         client.username_pw_set(conn.username, conn.password)
@@ -172,7 +196,7 @@ def connect_async(
         if max_packet_bytes is not None:
             props.MaximumPacketSize = max_packet_bytes
         client.connect_async(
-            host, port, keepalive=conn.keepalive_s, clean_start=False, properties=props
+            host, port, keepalive=conn.keepalive_s, clean_start=conn.clean_start, properties=props
         )
     else:
         client.connect_async(host, port, keepalive=conn.keepalive_s)

@@ -178,6 +178,24 @@ def test_expired_deadline_is_answered_without_running_the_model(
     assert counting.calls == 1
 
 
+def test_a_request_past_its_message_expiry_is_dropped_unstarted(
+    broker: Mosquitto, harness: Harness
+) -> None:
+    # No timeout_ms in the payload: the Client's MQTT v5 Message Expiry Interval (the time
+    # until it gives up, 30 s here) is the only bound the bridge knows.
+    clock = FakeClock()
+    bridge, counting = harness.bridge(broker, device_id="expiry", clock_ms=clock)
+    client = harness.client(broker, device_id="expiry")
+    bridge.worker.pause()
+    future = client.submit("minilm", text="nobody waits", attempt_timeout_s=30, retries=0)
+    wait_until(lambda: bridge.worker.queue_depth == 1)
+    clock.advance(30_001)  # past the message's expiry, on the bridge's clock
+    bridge.worker.resume()
+    assert future.result(30)["error"]["code"] == proto.DEADLINE_EXCEEDED
+    assert counting.calls == 0 and bridge.worker.counts["expired"] == 1
+    assert client.request("minilm", text="in time", attempt_timeout_s=30)["ok"]
+
+
 def test_a_duplicate_id_runs_the_model_once(
     broker: Mosquitto, harness: Harness, raw: RawPeer
 ) -> None:

@@ -77,7 +77,7 @@ class Delivery:
         self._wake = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="edgeinfer-journal", daemon=True)
-        self.counts = {"recorded": 0, "replayed": 0, "answered": 0}
+        self.counts = {"recorded": 0, "replayed": 0, "answered": 0, "expired": 0}
 
     # -- requests coming in (paho's thread) ---------------------------------------------------
     def accept(self, inbound: Inbound, decoded: proto.Request | proto.ErrorReply, qos: int) -> None:
@@ -143,6 +143,7 @@ class Delivery:
                 )
                 self._send_error(decoded.error(proto.INTERNAL, message), key)
             elif expires is not None and self._clock() >= expires:
+                self.counts["expired"] += 1
                 message = "the message expired while the bridge was down; the model was not run"
                 self._send_error(decoded.error(proto.DEADLINE_EXCEEDED, message), key)
             else:

@@ -4,6 +4,7 @@ to a message that broke its handler, and the request subscription's options."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from edgeinfer.bridge.serve.journal import Inbound
@@ -19,9 +20,15 @@ RETAINED = (
 
 
 def decode(inbound: Inbound, config: BridgeConfig) -> proto.Request | proto.ErrorReply:
-    """Decode a request message (the model is its topic's next-to-last level)."""
+    """Decode a request message (the model is its topic's next-to-last level).
+
+    A v5 Message Expiry Interval bounds the request's deadline: the broker counts down the time
+    a message waited for the bridge, so what is left on arrival is what the sender still waits
+    (``edgeinfer.bridge.Client`` sends its timeout there); the earlier of it and the payload's
+    ``timeout_ms``/``deadline_ms`` is the deadline the worker drops an unstarted request at.
+    """
     levels = inbound.topic.split("/")
-    return proto.decode_request(
+    decoded = proto.decode_request(
         inbound.payload,
         model=levels[-2] if len(levels) >= 2 else "",
         content_type=inbound.content_type,
@@ -31,6 +38,12 @@ def decode(inbound: Inbound, config: BridgeConfig) -> proto.Request | proto.Erro
         received_ms=inbound.received_ms,
         reply_refusal=config.reply_refusal,
     )
+    expires_ms = inbound.expires_ms
+    if not isinstance(decoded, proto.Request) or expires_ms is None:
+        return decoded
+    if decoded.deadline_ms is not None and decoded.deadline_ms <= expires_ms:
+        return decoded
+    return replace(decoded, deadline_ms=expires_ms)
 
 
 def retained_refusal(inbound: Inbound, config: BridgeConfig) -> proto.ErrorReply:

@@ -129,7 +129,7 @@ class Bridge:
                 on_swap=self._publish_status,
             )
         )
-        self._client: PahoClient = new_paho_client(config.connection)
+        self._client: PahoClient = new_paho_client(config.session)
         offline = json.dumps({"state": "offline", "client_id": config.connection.client_id})
         self._client.will_set(config.status_topic, offline.encode(), qos=1, retain=True)
         self._client.max_inflight_messages_set(max(20, config.max_queue))
@@ -159,7 +159,7 @@ class Bridge:
             self.deployer.start()
         connect_async(
             self._client,
-            self.config.connection,
+            self.config.session,
             max_packet_bytes=self.config.max_packet_bytes(deploys=self.deployer is not None),
         )
         self._client.loop_start()

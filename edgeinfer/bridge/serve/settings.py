@@ -50,7 +50,9 @@ class BridgeConfig:
         connection: broker, credentials, TLS, protocol, client id and session settings.
         device_id: the device's topic level.
         topic_prefix: the first topic level.
-        shared_group: subscribe through ``$share/GROUP/...`` so bridges in a group split requests.
+        shared_group: subscribe through ``$share/GROUP/...`` so bridges in a group split requests;
+            a member connects with ``Connection.group_member()`` (``session``): its session
+            ends with its connection, so a dead member's share goes to the live ones.
         qos: QoS of the request subscription and of the replies; 1 (at least once, with the
             de-duplication store making it answer-once) is the default.
         max_queue: requests waiting at most; one more is answered ``busy`` at once.
@@ -177,6 +179,12 @@ class BridgeConfig:
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", client_id)[:64]
         digest = hashlib.sha256(client_id.encode()).hexdigest()[:12]  # ids differing in '/' only
         return self.journal_dir / "bridge" / f"journal-{safe}-{digest}.sqlite3"
+
+    @property
+    def session(self) -> Connection:
+        """The connection the bridge makes: ``connection``, or in a shared group its
+        ``group_member()`` form (clean start, session expiry 0, a short keepalive)."""
+        return self.connection.group_member() if self.shared_group else self.connection
 
     @property
     def base(self) -> str:

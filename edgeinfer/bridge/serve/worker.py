@@ -332,6 +332,9 @@ class Worker:
         ticket.answer(Stored(head, outcome.body))
 
     def _fail_expired(self, ticket: Ticket) -> None:
+        """Drop a request whose deadline (or v5 Message Expiry) passed before it started:
+        counted ``expired``, answered ``deadline_exceeded``, never run, never a late ``ok``."""
+        self._count("expired")
         late_ms = self._clock() - (ticket.request.deadline_ms or 0.0)
         ticket.fail(
             proto.DEADLINE_EXCEEDED, f"deadline passed {late_ms:.1f} ms ago; the model was not run"
