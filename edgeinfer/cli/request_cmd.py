@@ -2,9 +2,11 @@
 
 For devices and scripts: send one request (any kind: docs/mqtt.md) to ``edgeinfer serve`` over
 MQTT, wait for its reply, print the reply as JSON on stdout (a generation's chunks go to stderr
-as they come). Exit 0 when the reply says ``ok: true``, 1 on an error reply (``busy``,
-``deadline_exceeded``, ``bad_request``, ...), 2 on a usage, connection or authentication
-problem, or when no reply came after every re-send (``request_timeout``).
+as they come): summarized by default (each long list of numbers, an embedding say, on one line
+as its length and first values), whole with ``--json``. Exit 0 when the reply says ``ok: true``,
+1 on an error reply (``busy``, ``deadline_exceeded``, ``bad_request``, ...), 2 on a usage,
+connection or authentication problem, or when no reply came after every re-send
+(``request_timeout``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ __all__ = ["request"]
 
 # The request fields a caller may put in the JSON argument (``reply_to`` is the client's own).
 _FIELDS = ("id", "text", "texts", "params", "timeout_ms", "deadline_ms")
+# A list of more numbers than this is summarized unless --json (a MiniLM vector: 384 lines).
+_SHOWN_NUMBERS = 8
 # Fields of the other request kinds (docs/mqtt.md), passed through as they are.
 _KIND_FIELDS = (
     "v", "kind", "encoding", "image", "images", "inputs", "stream", "prompt", "messages",
@@ -57,6 +61,20 @@ def _parse_body(body: str) -> dict[str, Any]:
     if data.get("id") is not None and not isinstance(data["id"], str):
         raise ConfigError("'id' must be a string")
     return data
+
+
+def _summary(value: Any) -> Any:
+    """``value`` with each list of more than ``_SHOWN_NUMBERS`` numbers replaced by a line
+    saying its length and first values (still JSON: the rest of the reply is unchanged)."""
+    if isinstance(value, dict):
+        return {k: _summary(v) for k, v in value.items()}
+    if not isinstance(value, list):
+        return value
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+    if numbers and len(value) > _SHOWN_NUMBERS:
+        head = ", ".join(f"{v:.4g}" for v in value[:4])
+        return f"{len(value)} numbers [{head}, ...] (--json prints them all)"
+    return [_summary(v) for v in value]
 
 
 def request(
@@ -91,6 +109,12 @@ def request(
     retries: Annotated[int, typer.Option(help="re-sends (same id) when no reply came")] = 2,
     backoff: Annotated[float, typer.Option(help="each wait is this many times the last")] = 2.0,
     connect_timeout_s: ConnectTimeout = CONNECT_TIMEOUT_S,
+    whole: Annotated[
+        bool,
+        typer.Option(
+            "--json", "--full", help="print the whole reply (every vector value), for scripts"
+        ),
+    ] = False,
 ) -> None:
     """Send one request to an ``edgeinfer serve`` bridge and print its reply as JSON."""
     from edgeinfer.bridge import Client, Connection
@@ -129,7 +153,7 @@ def request(
             retries=retries,
             backoff=backoff,
         )
-    print_json(reply)
+    print_json(reply if whole else _summary(reply))
     if reply.get("ok") is not True:
         error = reply.get("error")
         if not isinstance(error, dict):

@@ -303,6 +303,15 @@ def test_status_is_retained_and_metrics_are_published(broker: Mosquitto, harness
     status = json.loads(seen["edgeinfer/ops/status"])
     assert status["state"] == "online"
     assert status["models"]["minilm"]["digest"] == harness.model.manifest.digest
+    # The topics table's keys, before any deploy too (nothing to roll back to: null).
+    assert status["models"]["minilm"] == {
+        "digest": harness.model.manifest.digest,
+        "task": "embed",
+        "signer": None,
+        "version": None,
+        "previous": None,
+        "previous_version": None,
+    }
     metrics = json.loads(seen["edgeinfer/ops/metrics"])
     assert metrics["counts"]["ok"] >= 1 and metrics["queue_depth"] == 0
     assert set(metrics["latency_ms"]["total_ms"]) == {"p50", "p95", "p99"}

@@ -37,11 +37,20 @@ def test_an_ok_reply_is_printed_and_exits_0(broker: Mosquitto, harness: Harness)
         "cli-req",
         "minilm",
         '{"id": "cli-1", "text": "valve 3 pressure rising", "timeout_ms": 5000}',
+        "--json",
     )
     assert result.returncode == 0, result.stderr
     reply = json.loads(result.stdout)
     assert reply["ok"] is True and reply["id"] == "cli-1" and reply["model"] == "minilm"
     assert len(reply["result"]) == 1 and len(reply["result"][0]) == 384
+    # Without --json the vector is one line: its length and first values, not 384 lines.
+    summary = _request(
+        "--broker", broker.url, "--device-id", "cli-req", "minilm", '{"text": "valve 3"}'
+    )
+    assert summary.returncode == 0, summary.stderr
+    shown = json.loads(summary.stdout)
+    assert shown["ok"] is True and shown["result"][0].startswith("384 numbers [")
+    assert len(summary.stdout.splitlines()) < 40
     assert reply["slack_ms"] is not None
     assert counting.texts["valve 3 pressure rising"] == 1
 

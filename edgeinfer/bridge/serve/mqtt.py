@@ -234,9 +234,10 @@ class Bridge:
         """The retained status: ``online`` and each served model's digest and signer."""
         if self.deployer is not None:
             models = self.deployer.served()
-        else:
+        else:  # the keys of a deploying bridge's status, with nothing deployed yet
+            unsigned = {"signer": None, "version": None, "previous": None, "previous_version": None}
             models = {
-                name: {"digest": str(m.manifest.digest), "task": m.task, "signer": None}
+                name: {"digest": str(m.manifest.digest), "task": m.task, **unsigned}
                 for name, m in self.models.items()
             }
         return {
