@@ -141,6 +141,21 @@ class Mosquitto:
         if self.proc is not None and self.proc.stderr:
             self.proc.stderr.close()
 
+    def require_logins(self, passwords: dict[str, str], acl: str) -> None:
+        """Before ``start``: only these users (a password file made by ``mosquitto_passwd``),
+        each limited by ``acl`` (an acl_file's text)."""
+        if MOSQUITTO_PASSWD is None:
+            pytest.skip("mosquitto_passwd is needed to make the password file")
+        passwd, acl_file = self.workdir / "passwd", self.workdir / "acl"
+        for n, (user, password) in enumerate(passwords.items()):
+            create = ["-c"] if n == 0 else []
+            command = [MOSQUITTO_PASSWD, "-b", *create, str(passwd), user, password]
+            subprocess.run(command, check=True, capture_output=True)
+        passwd.chmod(0o600)
+        acl_file.write_text(acl)
+        logins = f"allow_anonymous false\npassword_file {passwd}\nacl_file {acl_file}"
+        self.config.write_text(self.config.read_text().replace("allow_anonymous true", logins))
+
     def log(self) -> str:
         path = self.workdir / "mosquitto.log"
         return path.read_text() if path.exists() else ""

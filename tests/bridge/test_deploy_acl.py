@@ -5,14 +5,13 @@ refused by the broker (never reaching the bridge), and the release workstation d
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from bridge_harness import LOOPBACK, MOSQUITTO_PASSWD, Harness, Mosquitto, require_mosquitto
+from bridge_harness import LOOPBACK, Harness, Mosquitto, require_mosquitto
 from deploy_harness import deploy_bridge, keypair, release
 from paho.mqtt.client import Client as PahoClient
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
@@ -39,18 +38,8 @@ def _password(user: str) -> str:
 @pytest.fixture
 def acl_broker(tmp_path: Path) -> Iterator[Mosquitto]:
     require_mosquitto()
-    if MOSQUITTO_PASSWD is None:
-        pytest.skip("mosquitto_passwd is needed to make the password file")
     server = Mosquitto(tmp_path / "mosquitto")
-    passwd, acl = server.workdir / "passwd", server.workdir / "acl"
-    for n, user in enumerate(USERS):
-        create = ["-c"] if n == 0 else []
-        command = [MOSQUITTO_PASSWD, "-b", *create, str(passwd), user, _password(user)]
-        subprocess.run(command, check=True, capture_output=True)
-    passwd.chmod(0o600)
-    acl.write_text(_documented_acl())
-    logins = f"allow_anonymous false\npassword_file {passwd}\nacl_file {acl}"
-    server.config.write_text(server.config.read_text().replace("allow_anonymous true", logins))
+    server.require_logins({user: _password(user) for user in USERS}, _documented_acl())
     server.start()
     yield server
     server.stop()

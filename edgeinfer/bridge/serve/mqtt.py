@@ -37,6 +37,7 @@ from edgeinfer.bridge.serve import intake
 from edgeinfer.bridge.serve.delivery import Delivery
 from edgeinfer.bridge.serve.homeassistant import AvailabilityLink, discovery_messages
 from edgeinfer.bridge.serve.journal import Inbound, Journal
+from edgeinfer.bridge.serve.outbox import Outbox
 from edgeinfer.bridge.serve.serving import ModelTable, StreamTable
 from edgeinfer.bridge.serve.settings import TOPIC_LEVEL_BAD, BridgeConfig, default_client_id
 from edgeinfer.bridge.serve.worker import Outgoing, ServedModel, Worker, epoch_ms
@@ -130,6 +131,7 @@ class Bridge:
             )
         )
         self._client: PahoClient = new_paho_client(config.session)
+        self._outbox = Outbox(self._client, config, self.delivery)
         offline = json.dumps({"state": "offline", "client_id": config.connection.client_id})
         self._client.will_set(config.status_topic, offline.encode(), qos=1, retain=True)
         self._client.max_inflight_messages_set(max(20, config.max_queue))
@@ -196,7 +198,7 @@ class Bridge:
             self._availability.stop(timeout_s=timeout_s)
         if self._state.connected.is_set():
             offline = {"state": "offline", "client_id": self.config.connection.client_id}
-            info = self._client.publish(
+            info = self._outbox.publish(
                 self.config.status_topic, json.dumps(offline).encode(), qos=1, retain=True
             )
             try:
@@ -229,6 +231,11 @@ class Bridge:
     def connects(self) -> int:
         """Successful connections so far (more than 1 means it reconnected)."""
         return self._state.connects
+
+    @property
+    def refusals(self) -> int:
+        """QoS 1 publishes the broker refused so far (each topic's first one is logged)."""
+        return self._outbox.refusals
 
     def status(self) -> dict[str, Any]:
         """The retained status: ``online`` and each served model's digest and signer."""
@@ -263,6 +270,12 @@ class Bridge:
             return
         self._state.connects += 1
         self._state.connected.set()
+        if self.config.shared_group and getattr(properties, "SharedSubscriptionAvailable", 1) == 0:
+            log.error(
+                "the broker says it has no shared subscriptions: as a member of group %r this "
+                "bridge gets no requests; give each bridge its own --device-id on this broker",
+                self.config.shared_group,
+            )
         log.info(
             "connected to %s (session present: %s)",
             self.config.connection.broker,
@@ -278,7 +291,7 @@ class Bridge:
         if self.config.ha_discovery_prefix is not None:
             tasks = {name: model.task for name, model in self.models.items()}
             for topic, payload in discovery_messages(self.config, tasks):
-                client.publish(topic, payload, qos=1, retain=True)
+                self._outbox.publish(topic, payload, qos=1, retain=True)
 
     def _on_subscribe(
         self,
@@ -316,7 +329,7 @@ class Bridge:
         reason: ReasonCode,
         properties: Properties | None,
     ) -> None:
-        self.delivery.published(mid)
+        self._outbox.acknowledged(mid, reason)
 
     def _on_message(self, client: PahoClient, userdata: Any, message: MQTTMessage) -> None:
         # Nothing may escape: an exception here would end paho's network thread (the bridge
@@ -344,7 +357,7 @@ class Bridge:
             return  # a retained request being cleared (ours, say): nothing asked, no one to tell
         if message.retain:  # refused and cleared: it would run at every new subscription
             log.warning("refused and cleared a retained request on %s", inbound.topic)
-            self._client.publish(inbound.topic, b"", qos=1, retain=True)
+            self._outbox.publish(inbound.topic, b"", qos=1, retain=True)
             self.worker.submit(intake.retained_refusal(inbound, self.config))
             return
         self.delivery.accept(inbound, intake.decode(inbound, self.config), message.qos)
@@ -356,39 +369,17 @@ class Bridge:
         except Exception:
             log.exception("could not answer the dropped message")
 
-    # -- publishing (any thread; paho's publish is thread-safe) --------------------------------
+    # -- publishing (any thread; paho's publish is thread-safe; outbox.py) ---------------------
     def _send(self, out: Outgoing) -> None:
-        from paho.mqtt.packettypes import PacketTypes
-        from paho.mqtt.properties import Properties
-
-        props = None
-        if self.config.connection.is_v5:
-            props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-            msgpack = out.fmt == "msgpack"
-            props.ContentType = proto.CONTENT_MSGPACK if msgpack else proto.CONTENT_JSON
-            if out.correlation is not None:
-                props.CorrelationData = out.correlation
-        topic = out.topic or f"{self.config.base}/errors"
-        # Disconnected: paho keeps QoS 1 messages and sends them after the reconnect.
-        try:
-            self.delivery.sending(
-                out,
-                lambda: (
-                    self._client.publish(
-                        topic, out.payload, qos=self.config.qos, properties=props
-                    ).mid
-                ),
-            )
-        except (ValueError, TypeError) as exc:  # paho refuses the topic or the payload size
-            log.error("could not publish a %d-byte reply to %r: %s", len(out.payload), topic, exc)
+        self._outbox.send(out)
 
     def _publish_status(self) -> None:
         payload = json.dumps(self.status()).encode()
-        self._client.publish(self.config.status_topic, payload, qos=1, retain=True)
+        self._outbox.publish(self.config.status_topic, payload, qos=1, retain=True)
 
     def _publish_deploy_status(self, status: dict[str, Any], retain: bool) -> None:
         payload = json.dumps({**status, "ts_ms": epoch_ms()}).encode()
-        self._client.publish(self.config.ota_status_topic, payload, qos=1, retain=retain)
+        self._outbox.publish(self.config.ota_status_topic, payload, qos=1, retain=retain)
 
     def _metrics_loop(self) -> None:
         while not self._stop.wait(self.config.metrics_interval_s):
@@ -399,6 +390,6 @@ class Bridge:
                 models=self.models.names(),
                 journal=self.delivery.snapshot(),
             )
-            self._client.publish(
+            self._outbox.publish(
                 f"{self.config.base}/metrics", json.dumps(snapshot).encode(), qos=0
             )
