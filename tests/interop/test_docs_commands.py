@@ -32,8 +32,9 @@ from interop_harness import (
 
 import edgeinfer
 
-# Started by test_broker_configs.py (mosquitto configurations, the ACL, the password file).
-BROKER_BLOCKS = {"acl", "mosquitto-plain", "mosquitto-passwd", "mosquitto-tls"}
+# Started by test_broker_configs.py (mosquitto configurations, the ACL, the password file,
+# the TLS certificates).
+BROKER_BLOCKS = {"acl", "mosquitto-plain", "mosquitto-passwd", "mosquitto-tls", "tls-certs"}
 
 
 def localize(text: str, port: int) -> str:
