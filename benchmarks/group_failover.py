@@ -1,7 +1,8 @@
 """A shared group that loses a member: what its clients get.
 
 Two ``edgeinfer serve`` processes in one ``--shared-group`` on a broker this script starts
-(mosquitto, or aedes from npm), serving the tiny torch-free encoder of tests/fast_packages.py.
+(mosquitto, or aedes from npm), serving the tiny torch-free encoder of tests/fast_packages.py
+(or ``--package``: a real model, whose compute lets a backlog overflow ``--max-queue``).
 A plain paho device sends ``--requests`` QoS 1 requests at ``--rate`` per second, each with its
 expiry (MQTT v5 Message Expiry Interval; on MQTT 3.1.1 ``timeout_ms`` in the payload) equal to
 the time it waits in all, and follows the retry rule of docs/mqtt.md: the same id again after
@@ -14,7 +15,7 @@ replies to an answered id, and the latency of the first ``ok`` (first send to re
 Usage::
 
     python benchmarks/group_failover.py [--broker mosquitto|aedes] [--aedes-dir DIR]
-        [--restart-after-s 10] [--code REPO] [--json out.json]
+        [--restart-after-s 10] [--package PKG] [--code REPO] [--json out.json]
 
 ``--code REPO`` runs the members from another checkout (an older commit, for a before/after).
 aedes: ``npm install aedes@1.2.0 aedes-server-factory@0.2.1`` in ``--aedes-dir``; it speaks MQTT
@@ -149,7 +150,7 @@ class Device:
             props.MessageExpiryInterval = max(1, round(left_s))
         else:
             body["timeout_ms"] = max(1.0, left_s * 1e3)
-        topic = f"edgeinfer/{DEVICE}/{MODEL}/req"
+        topic = f"edgeinfer/{DEVICE}/{self.args.model}/req"
         self.client.publish(topic, json.dumps(body).encode(), qos=1, properties=props)
 
     def answered(self, rid: str) -> bool:
@@ -246,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attempt-timeout-s", type=float, default=1.0)
     parser.add_argument("--retries", type=int, default=3)
     parser.add_argument("--code", type=Path, default=None)
+    parser.add_argument("--package", type=Path, default=None, help="default: the tiny encoder")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     args.protocol = "5" if args.broker == "mosquitto" else "3.1.1"
@@ -253,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        package = tiny_encoder(work / MODEL)
+        package = args.package.resolve() if args.package else tiny_encoder(work / MODEL)
+        args.model = package.name
         broker_cm = mosquitto(work) if args.broker == "mosquitto" else aedes(work, args.aedes_dir)
         with broker_cm as broker:
             result = run(broker, package, work, args)
@@ -262,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         protocol=args.protocol,
         restart_after_s=args.restart_after_s or None,
         code=str(args.code or ROOT),
+        package=args.model,
         load=os.getloadavg(),
     )
     print(json.dumps(result, indent=2))
