@@ -44,6 +44,9 @@ __all__ = ["Client", "RequestOptions"]
 
 log = logging.getLogger(__name__)
 
+# The MQTT v5 Message Expiry Interval is a four-byte count of seconds.
+_MAX_EXPIRY_S = 2**32 - 1
+
 
 class RequestOptions(TypedDict, total=False):
     """``Client.submit``'s keyword arguments, for ``Client.request`` (see ``submit``)."""
@@ -225,7 +228,7 @@ class Client:
         body["reply_to"] = self.reply_topic
         payload = proto.encode(body, fmt=self.fmt)
         content_type = proto.CONTENT_MSGPACK if self.fmt == "msgpack" else None
-        waits_s = attempt_timeout_s * sum(backoff**k for k in range(retries + 1))
+        waits_s = _waits_s(attempt_timeout_s, retries, backoff)
         return self._send(
             f"{self.base}/{model}/req",
             payload,
@@ -320,8 +323,9 @@ class Client:
             props.CorrelationData = item.correlation
             if item.content_type:
                 props.ContentType = item.content_type
-            # Whole seconds, rounded up, at least 1 (0 would mean "never expires" to no one).
-            props.MessageExpiryInterval = max(1, math.ceil(item.expires_at - time.monotonic()))
+            # Whole seconds, rounded up, at least 1, at most what the four bytes hold.
+            left_s = min(float(_MAX_EXPIRY_S), item.expires_at - time.monotonic())
+            props.MessageExpiryInterval = max(1, math.ceil(left_s))
         # Disconnected: paho keeps the QoS 1 message and sends it after reconnecting.
         self._client.publish(item.topic, item.payload, qos=self.qos, properties=props)
 
@@ -416,6 +420,20 @@ class Client:
                 return
             del self._pending[key]
         item.future.set_result(reply)
+
+
+def _waits_s(attempt_timeout_s: float, retries: int, backoff: float) -> float:
+    """How long the client waits in all before it gives up: every attempt's wait (at most
+    MQTT's largest expiry, so that a huge ``retries`` costs no time and overflows nothing)."""
+    if backoff == 1:
+        return min(attempt_timeout_s * (retries + 1), float(_MAX_EXPIRY_S))
+    total_s, wait_s = 0.0, attempt_timeout_s
+    for _ in range(retries + 1):
+        total_s += wait_s
+        if not total_s < _MAX_EXPIRY_S:
+            return float(_MAX_EXPIRY_S)
+        wait_s *= backoff
+    return total_s
 
 
 def _expiry_s(timeout_ms: float | None, deadline_ms: float | None, waits_s: float) -> float:

@@ -186,6 +186,7 @@ def test_a_start_re_runs_the_unanswered_and_refuses_the_expired_and_the_crash_lo
     assert [r.id for r in wire.submitted if isinstance(r, proto.Request)] == ["again"]
     codes = {r["id"]: r["error"]["code"] for r in wire.replies()}
     assert codes == {"expired": proto.DEADLINE_EXCEEDED, "poison": proto.INTERNAL}
+    assert delivery.snapshot()["expired"] == 1  # a counted drop: never run, never a late ok
     assert all(out.key is not None and out.final for _, out in wire.sent)  # marked when acked
 
 
