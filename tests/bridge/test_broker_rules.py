@@ -60,3 +60,32 @@ def test_a_refused_publish_is_logged_once_per_topic_with_the_fix(
     assert len(caplog.records) == first  # once per topic, not once per publish
     message = caplog.records[0].getMessage()
     assert "homeassistant/" in message and "Not authorized" in message and "ACL" in message
+
+
+def test_a_group_member_says_when_the_broker_has_no_shared_subscriptions(
+    own_broker: Mosquitto, fast_encoder: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # mosquitto has shared subscriptions, and the v5 brokers here that lack them do not exist
+    # (aedes and amqtt speak 3.1.1 only): the CONNACK of such a broker is made by hand, its
+    # property as MQTT v5 §3.2.2.3.18 defines it, and given to the running bridge's callback.
+    from paho.mqtt.client import ConnectFlags
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    config = BridgeConfig(
+        connection=Connection(broker=own_broker.url, client_id="member-x"),
+        device_id="plc7",
+        shared_group="workers",
+        metrics_interval_s=0,
+        journal_dir=None,
+    )
+    caplog.set_level(logging.ERROR, logger="edgeinfer.bridge.serve.mqtt")
+    with Bridge({"tiny": edgeinfer.load(fast_encoder, threads=1)}, config=config) as bridge:
+        assert not caplog.records  # mosquitto's CONNACK: shared subscriptions available
+        connack = Properties(PacketTypes.CONNACK)
+        connack.SharedSubscriptionAvailable = 0
+        flags = ConnectFlags(session_present=False)
+        bridge._on_connect(bridge._client, None, flags, ReasonCode(PacketTypes.CONNACK), connack)
+    (record,) = caplog.records
+    assert "no shared subscriptions" in record.getMessage() and "--device-id" in record.getMessage()
