@@ -1,6 +1,6 @@
 """``edgeinfer deploy PKG`` and ``edgeinfer rollback NAME``: packages to devices over MQTT.
 
-``deploy`` sends a signed release (``edgeinfer sign --device``) to the bridge of
+``deploy`` sends a signed release (``edgeinfer sign --device-id``) to the bridge of
 ``--device-id`` in chunks (QoS 1, each with its sha256; a second run after a broken one sends
 only what the device lacks) and waits until the device checked the release (version, device,
 name, target, expiry), verified, loaded, warmed and smoke-checked it and serves it.
@@ -13,52 +13,57 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from edgeinfer.cli.common import (
     CONNECT_TIMEOUT_S,
+    DEFAULT_BROKER,
     EXIT_CHECK_FAILED,
+    Broker,
+    ClientId,
     ConnectTimeout,
+    JsonOut,
     MqttPassword,
     MqttPasswordFile,
+    MqttProtocol,
     MqttUsername,
-    broker_password,
+    Protocol,
+    TlsCa,
+    TlsCert,
+    TlsKey,
+    TopicPrefix,
+    aliased,
+    broker_connection,
     console,
+    deprecated,
     print_json,
+    size_option,
 )
+
+if TYPE_CHECKING:
+    from edgeinfer.bridge import Connection
 
 __all__ = ["deploy", "rollback"]
 
-Broker = Annotated[str, typer.Option(help="mqtt://HOST:PORT, or mqtts://HOST:PORT for TLS")]
-Device = Annotated[str, typer.Option(help="the device's topic level (its bridge's --device-id)")]
-Prefix = Annotated[str, typer.Option(help="first topic level")]
-TlsCa = Annotated[Path | None, typer.Option(help="CA file that signed the broker")]
+# Required here (a deploy goes to one named device), so not common.DeviceId's default.
+Device = Annotated[
+    str,
+    typer.Option(
+        "--device-id",
+        help="the device's topic level (its bridge's --device-id)",
+        rich_help_panel="Broker",
+    ),
+]
 Timeout = Annotated[float, typer.Option(help="seconds to wait for the device's final answer")]
-JsonOut = Annotated[bool, typer.Option("--json", help="print the device's status as JSON")]
+DEFAULT_CHUNK_BYTES = 256 << 10  # a few chunks per MiB: a resend after a broken link is cheap
 
 
-def _connection(
-    broker: str,
-    device_id: str,
-    username: str | None,
-    password: str | None,
-    password_file: Path | None,
-    tls_ca: Path | None,
-) -> Any:
-    from edgeinfer.bridge import Connection
-
+def _connection(ctx: typer.Context, client_id: str | None, device_id: str) -> Connection:
     # Stable per device: a re-run resumes the same persistent session (queued chunks kept).
-    client_id = f"edgeinfer-deploy-{socket.gethostname()}-{device_id}"[:128]
-    return Connection(
-        broker=broker,
-        client_id=client_id,
-        username=username,
-        password=broker_password(password=password, password_file=password_file),
-        tls_ca=tls_ca,
-        session_expiry_s=600,
-    )
+    made = f"edgeinfer-deploy-{socket.gethostname()}-{device_id}"[:128]
+    return broker_connection(ctx.params, client_id=client_id or made, session_expiry_s=600)
 
 
 def _report(outcome: Any, json_out: bool) -> None:
@@ -85,33 +90,50 @@ def _report(outcome: Any, json_out: bool) -> None:
 
 
 def deploy(
+    ctx: typer.Context,
     package: Annotated[Path, typer.Argument(help="a signed package folder")],
     device_id: Device,
-    broker: Broker = "mqtt://127.0.0.1:1883",
+    broker: Broker = DEFAULT_BROKER,
     as_name: Annotated[
         str | None,
         typer.Option("--as", help="serve it under this name (default: the signed name)"),
     ] = None,
-    topic_prefix: Prefix = "edgeinfer",
-    chunk_kib: Annotated[int, typer.Option(help="chunk size in KiB")] = 256,
+    topic_prefix: TopicPrefix = "edgeinfer",
+    chunk_size: Annotated[int, size_option("--chunk-size", help="bytes per chunk")] = (
+        DEFAULT_CHUNK_BYTES
+    ),
+    client_id: ClientId = None,
+    protocol: Protocol = MqttProtocol.v5,
     username: MqttUsername = None,
     password: MqttPassword = None,
     password_file: MqttPasswordFile = None,
     tls_ca: TlsCa = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
     timeout_s: Timeout = 600.0,
     connect_timeout_s: ConnectTimeout = CONNECT_TIMEOUT_S,
     json_out: JsonOut = False,
+    chunk_kib: Annotated[int | None, deprecated("--chunk-kib", instead="--chunk-size 256KiB")] = (
+        None
+    ),
 ) -> None:
     """Deploy a signed package to a device's bridge over MQTT."""
     from edgeinfer.bridge import deploy_package
 
+    chunk_bytes = aliased(
+        chunk_size,
+        None if chunk_kib is None else chunk_kib << 10,
+        default=DEFAULT_CHUNK_BYTES,
+        names="--chunk-size / --chunk-kib",
+    )
+    connection = _connection(ctx, client_id, device_id)
     outcome = deploy_package(
         package,
-        connection=_connection(broker, device_id, username, password, password_file, tls_ca),
+        connection=connection,
         device_id=device_id,
         topic_prefix=topic_prefix,
         name=as_name,
-        chunk_bytes=chunk_kib * 1024,
+        chunk_bytes=chunk_bytes,
         timeout_s=timeout_s,
         connect_timeout_s=connect_timeout_s,
     )
@@ -119,10 +141,11 @@ def deploy(
 
 
 def rollback(
+    ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="the served name to roll back")],
     device_id: Device,
     key: Annotated[Path, typer.Option(help="private key that signs the rollback order")],
-    broker: Broker = "mqtt://127.0.0.1:1883",
+    broker: Broker = DEFAULT_BROKER,
     to_digest: Annotated[
         str | None,
         typer.Option(help="the package to go back to (default: the device's 'previous')"),
@@ -132,11 +155,15 @@ def rollback(
         float,
         typer.Option(help="the device refuses the order after this long (900: it is sent at once)"),
     ] = 900.0,
-    topic_prefix: Prefix = "edgeinfer",
+    topic_prefix: TopicPrefix = "edgeinfer",
+    client_id: ClientId = None,
+    protocol: Protocol = MqttProtocol.v5,
     username: MqttUsername = None,
     password: MqttPassword = None,
     password_file: MqttPasswordFile = None,
     tls_ca: TlsCa = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
     timeout_s: Timeout = 300.0,
     connect_timeout_s: ConnectTimeout = CONNECT_TIMEOUT_S,
     json_out: JsonOut = False,
@@ -144,9 +171,10 @@ def rollback(
     """Make a device serve NAME's previous package again (a signed order)."""
     from edgeinfer.bridge import rollback_package
 
+    connection = _connection(ctx, client_id, device_id)
     outcome = rollback_package(
         name,
-        connection=_connection(broker, device_id, username, password, password_file, tls_ca),
+        connection=connection,
         device_id=device_id,
         key=key,
         topic_prefix=topic_prefix,

@@ -14,20 +14,31 @@ from __future__ import annotations
 import json
 import os
 import socket
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from edgeinfer.cli.common import (
     CONNECT_TIMEOUT_S,
+    DEFAULT_BROKER,
     EXIT_CHECK_FAILED,
+    Broker,
+    ClientId,
     ConnectTimeout,
+    DeviceId,
     MqttPassword,
     MqttPasswordFile,
+    MqttProtocol,
     MqttUsername,
-    broker_password,
+    Protocol,
+    TlsCa,
+    TlsCert,
+    TlsKey,
+    TopicPrefix,
+    aliased,
+    broker_connection,
     console,
+    deprecated,
     print_json,
 )
 
@@ -78,6 +89,7 @@ def _summary(value: Any) -> Any:
 
 
 def request(
+    ctx: typer.Context,
     model: Annotated[str, typer.Argument(help="the model's topic level (its package folder name)")],
     body: Annotated[
         str,
@@ -86,23 +98,17 @@ def request(
             'optional "id", "params", "timeout_ms" or "deadline_ms"'
         ),
     ],
-    broker: Annotated[
-        str, typer.Option(help="mqtt://HOST:PORT, or mqtts://HOST:PORT for TLS")
-    ] = "mqtt://127.0.0.1:1883",
-    device_id: Annotated[
-        str | None, typer.Option(help="the bridge's device topic level (default: the host name)")
-    ] = None,
-    topic_prefix: Annotated[str, typer.Option(help="first topic level")] = "edgeinfer",
-    client_id: Annotated[
-        str | None, typer.Option(help="MQTT client id (default: unique to this process)")
-    ] = None,
-    v311: Annotated[bool, typer.Option("--v311", help="speak MQTT 3.1.1 instead of v5")] = False,
+    broker: Broker = DEFAULT_BROKER,
+    device_id: DeviceId = None,
+    topic_prefix: TopicPrefix = "edgeinfer",
+    client_id: ClientId = None,
+    protocol: Protocol = MqttProtocol.v5,
     username: MqttUsername = None,
     password: MqttPassword = None,
     password_file: MqttPasswordFile = None,
-    tls_ca: Annotated[Path | None, typer.Option(help="CA file that signed the broker")] = None,
-    tls_cert: Annotated[Path | None, typer.Option(help="client certificate")] = None,
-    tls_key: Annotated[Path | None, typer.Option(help="client certificate's key")] = None,
+    tls_ca: TlsCa = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
     timeout_s: Annotated[
         float, typer.Option(help="seconds to wait for a reply before re-sending the same id")
     ] = 5.0,
@@ -115,24 +121,26 @@ def request(
             "--json", "--full", help="print the whole reply (every vector value), for scripts"
         ),
     ] = False,
+    v311: Annotated[bool, deprecated("--v311", instead="--protocol 3.1.1")] = False,
 ) -> None:
     """Send one request to an ``edgeinfer serve`` bridge and print its reply as JSON."""
-    from edgeinfer.bridge import Client, Connection
+    from edgeinfer.bridge import Client
     from edgeinfer.errors import ConfigError
 
     data = _parse_body(body)
     if timeout_s <= 0 or connect_timeout_s <= 0:
         raise ConfigError("--timeout-s and --connect-timeout-s must be > 0")
     device = device_id or socket.gethostname().split(".")[0]
-    connection = Connection(
-        broker=broker,
+    protocol = aliased(
+        protocol,
+        MqttProtocol.v311 if v311 else None,
+        default=MqttProtocol.v5,
+        names="--protocol / --v311",
+    )
+    connection = broker_connection(
+        ctx.params,
         client_id=client_id or f"edgeinfer-request-{socket.gethostname()}-{os.getpid()}"[:128],
-        protocol="3.1.1" if v311 else "5",
-        username=username,
-        password=broker_password(password=password, password_file=password_file),
-        tls_ca=tls_ca,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
+        protocol=protocol,
         # Long enough to ride out a broker restart during one request; short, so one-shot
         # clients with per-process ids do not pile up sessions on the broker.
         session_expiry_s=60,

@@ -9,55 +9,59 @@ from __future__ import annotations
 import signal
 import socket
 import threading
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from edgeinfer.cli.common import (
+    DEFAULT_BROKER,
+    Broker,
+    ClientId,
+    DeviceId,
     MqttPassword,
     MqttPasswordFile,
+    MqttProtocol,
     MqttUsername,
-    broker_password,
+    Protocol,
+    TlsCa,
+    TlsCert,
+    TlsKey,
+    TopicPrefix,
+    aliased,
+    broker_connection,
     console,
+    deprecated,
+    size_option,
 )
 
 __all__ = ["serve"]
 
-
-class ProtocolChoice(str, Enum):
-    v5 = "5"
-    v311 = "3.1.1"
+DEFAULT_MAX_PAYLOAD_BYTES = 256 << 10  # a batch of texts or a camera frame, not a model
 
 
 def serve(
+    ctx: typer.Context,
     packages: Annotated[list[Path], typer.Argument(help="package folders to serve")],
-    broker: Annotated[
-        str, typer.Option(help="mqtt://HOST:PORT, or mqtts://HOST:PORT for TLS")
-    ] = "mqtt://127.0.0.1:1883",
-    device_id: Annotated[
-        str | None, typer.Option(help="the device's topic level (default: the host name)")
-    ] = None,
-    topic_prefix: Annotated[str, typer.Option(help="first topic level")] = "edgeinfer",
+    broker: Broker = DEFAULT_BROKER,
+    device_id: DeviceId = None,
+    topic_prefix: TopicPrefix = "edgeinfer",
     shared_group: Annotated[
         str | None, typer.Option(help="subscribe via $share/NAME/... to split load with peers")
     ] = None,
-    client_id: Annotated[
-        str | None, typer.Option(help="MQTT client id; names the persistent session")
-    ] = None,
-    protocol: Annotated[ProtocolChoice, typer.Option(help="MQTT version")] = ProtocolChoice.v5,
+    client_id: ClientId = None,
+    protocol: Protocol = MqttProtocol.v5,
     qos: Annotated[int, typer.Option(help="QoS of requests and replies (0 or 1)")] = 1,
     max_queue: Annotated[int, typer.Option(help="waiting requests; more get 'busy'")] = 64,
-    max_payload_bytes: Annotated[
-        int, typer.Option(help="larger requests get 'payload_too_large'")
-    ] = 256 * 1024,
+    max_payload: Annotated[
+        int, size_option("--max-payload", help="larger requests get 'payload_too_large'")
+    ] = DEFAULT_MAX_PAYLOAD_BYTES,
     username: MqttUsername = None,
     password: MqttPassword = None,
     password_file: MqttPasswordFile = None,
-    tls_ca: Annotated[Path | None, typer.Option(help="CA file that signed the broker")] = None,
-    tls_cert: Annotated[Path | None, typer.Option(help="client certificate")] = None,
-    tls_key: Annotated[Path | None, typer.Option(help="client certificate's key")] = None,
+    tls_ca: TlsCa = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
     metrics_interval_s: Annotated[
         float, typer.Option(help="seconds between metrics messages (0: none)")
     ] = 10.0,
@@ -68,11 +72,12 @@ def serve(
     cache_dir: Annotated[
         Path | None, typer.Option(help="where the persistent cache lives (default: per user)")
     ] = None,
-    reply_cache_mb: Annotated[
+    reply_cache: Annotated[
         int | None,
-        typer.Option(
+        size_option(
+            "--reply-cache",
             help="answer repeated inputs from memory without the worker (default: "
-            "64 with --cache, else 0)"
+            "64MiB with --cache, else 0)",
         ),
     ] = None,
     max_generate_queue: Annotated[
@@ -86,12 +91,12 @@ def serve(
             min=1,
         ),
     ] = None,
-    kv_budget_mb: Annotated[
+    kv_budget: Annotated[
         int | None,
-        typer.Option(
-            help="KV cache the generations of one model may need together (MiB); a "
+        size_option(
+            "--kv-budget",
+            help="KV cache the generations of one model may need together; a "
             "generation waits until its prompt + max_new_tokens fit",
-            min=1,
         ),
     ] = None,
     file_backed_prepacks: Annotated[
@@ -103,12 +108,12 @@ def serve(
             "the process slows down where it would be OOM-killed",
         ),
     ] = False,
-    memory_budget_mb: Annotated[
+    memory_budget: Annotated[
         int | None,
-        typer.Option(
-            help="memory generations may grow into (MiB; default: the cgroup's limit); a "
+        size_option(
+            "--memory-budget",
+            help="memory generations may grow into (default: the cgroup's limit); a "
             "request whose KV would not fit is refused with memory_budget",
-            min=1,
         ),
     ] = None,
     reply_topic: Annotated[
@@ -149,22 +154,46 @@ def serve(
         list[str] | None,
         typer.Option(help="device class(es) this device takes releases for (sign --compatible)"),
     ] = None,
+    max_payload_bytes: Annotated[
+        int | None, deprecated("--max-payload-bytes", instead="--max-payload 256KiB")
+    ] = None,
+    reply_cache_mb: Annotated[
+        int | None, deprecated("--reply-cache-mb", instead="--reply-cache 64MiB")
+    ] = None,
+    kv_budget_mb: Annotated[
+        int | None, deprecated("--kv-budget-mb", instead="--kv-budget 512MiB")
+    ] = None,
+    memory_budget_mb: Annotated[
+        int | None, deprecated("--memory-budget-mb", instead="--memory-budget 2GiB")
+    ] = None,
 ) -> None:
     """Serve model packages to MQTT devices: request/response with deadlines."""
     import edgeinfer
-    from edgeinfer.bridge import Bridge, BridgeConfig, Connection, default_client_id
+    from edgeinfer.bridge import Bridge, BridgeConfig, default_client_id
     from edgeinfer.errors import BrokerAuthError, BrokerUnavailableError, ConfigError
 
+    max_payload = aliased(
+        max_payload,
+        max_payload_bytes,
+        default=DEFAULT_MAX_PAYLOAD_BYTES,
+        names="--max-payload / --max-payload-bytes",
+    )
+    reply_cache = aliased(
+        reply_cache, _mib(reply_cache_mb), default=None, names="--reply-cache / --reply-cache-mb"
+    )
+    kv_budget = aliased(
+        kv_budget, _mib(kv_budget_mb), default=None, names="--kv-budget / --kv-budget-mb"
+    )
+    memory_budget = aliased(
+        memory_budget,
+        _mib(memory_budget_mb),
+        default=None,
+        names="--memory-budget / --memory-budget-mb",
+    )
     device = device_id or socket.gethostname().split(".")[0]
-    connection = Connection(
-        broker=broker,
+    connection = broker_connection(
+        ctx.params,
         client_id=client_id or default_client_id(device, shared_group),
-        protocol=protocol.value,
-        username=username,
-        password=broker_password(password=password, password_file=password_file),
-        tls_ca=tls_ca,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
     )
     config = BridgeConfig(
         connection=connection,
@@ -173,9 +202,9 @@ def serve(
         shared_group=shared_group,
         qos=qos,
         max_queue=max_queue,
-        max_payload_bytes=max_payload_bytes,
+        max_payload_bytes=max_payload,
         metrics_interval_s=metrics_interval_s,
-        reply_cache_bytes=(reply_cache_mb if reply_cache_mb is not None else 64 * cache) << 20,
+        reply_cache_bytes=reply_cache if reply_cache is not None else (64 << 20) * cache,
         max_generate_queue=max_generate_queue,
         max_generations=max_generations,
         reply_topics=tuple(reply_topic or ()),
@@ -189,7 +218,7 @@ def serve(
     runtime = edgeinfer.RuntimeConfig(
         spin_wait=len(packages) == 1,
         file_backed_prepacks=file_backed_prepacks,
-        memory_budget_bytes=None if memory_budget_mb is None else memory_budget_mb << 20,
+        memory_budget_bytes=memory_budget,
     )
     cache_config = edgeinfer.CacheConfig(directory=cache_dir) if cache else None
 
@@ -201,7 +230,7 @@ def serve(
             threads=threads,
             config=runtime,
             cache=cached,
-            continuous_batching=generations_for(manifest, config.generations, kv_budget_mb),
+            continuous_batching=generations_for(manifest, config.generations, kv_budget),
         )
 
     models: dict[str, Any] = {name: load(path) for name, path in zip(names, packages, strict=True)}
@@ -250,9 +279,13 @@ def serve(
     console.print("stopped")
 
 
-def generations_for(manifest: Any, generations: int, kv_budget_mb: int | None) -> Any:
+def _mib(value: int | None) -> int | None:
+    return None if value is None else value << 20
+
+
+def generations_for(manifest: Any, generations: int, kv_budget_bytes: int | None) -> Any:
     """The continuous batching a generate package is served with: ``generations`` slots
-    (within ``kv_budget_mb`` of KV) when its graph can batch and more than one is asked for,
+    (within ``kv_budget_bytes`` of KV) when its graph can batch and more than one is asked for,
     else ``None`` (one at a time)."""
     import logging
 
@@ -269,5 +302,4 @@ def generations_for(manifest: Any, generations: int, kv_budget_mb: int | None) -
             generations,
         )
         return None
-    budget = None if kv_budget_mb is None else kv_budget_mb << 20
-    return ContinuousBatchConfig(max_sequences=generations, kv_budget_bytes=budget)
+    return ContinuousBatchConfig(max_sequences=generations, kv_budget_bytes=kv_budget_bytes)

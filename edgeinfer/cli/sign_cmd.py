@@ -3,7 +3,7 @@
 ``keygen -o keys/release`` writes ``keys/release.key`` (private, mode 0600) and
 ``keys/release.pub`` (give it to bridges with ``serve --trusted-key``); ``--rotate-from
 OLD.key`` also writes ``STEM.cert``: the new key endorsed by the old one, so bridges that
-trust the old key take the new one. ``sign PKG --key keys/release.key --device plc7`` writes
+trust the old key take the new one. ``sign PKG --key keys/release.key --device-id plc7`` writes
 ``PKG/manifest.sig``: a signature over ``manifest.json`` (which lists every file's sha256) and
 the release metadata: version, devices or class, served name, target, size, expiry.
 """
@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from edgeinfer.cli.common import console, print_json
+from edgeinfer.cli.common import JsonOut, aliased, console, deprecated, print_json
 
 __all__ = ["keygen", "sign"]
 
@@ -29,7 +29,7 @@ def keygen(
         typer.Option(help="an older private key that endorses the new one (writes STEM.cert)"),
     ] = None,
     overwrite: Annotated[bool, typer.Option(help="replace existing key files")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+    json_out: JsonOut = False,
 ) -> None:
     """Make an Ed25519 key pair for signing packages."""
     from edgeinfer.bridge.ota.signing import generate_keypair
@@ -47,8 +47,9 @@ def keygen(
 def sign(
     package: Annotated[Path, typer.Argument(help="the package folder to sign")],
     key: Annotated[Path, typer.Option(help="the private key (edgeinfer keygen's .key file)")],
-    device: Annotated[
-        list[str] | None, typer.Option(help="a device id that may take it (repeatable)")
+    device_id: Annotated[
+        list[str] | None,
+        typer.Option("--device-id", help="a device id that may take it (repeatable)"),
     ] = None,
     compatible: Annotated[
         str | None, typer.Option(help="or: a device class (bridges' serve --compatible)")
@@ -67,17 +68,21 @@ def sign(
             "devices that connect weekly; a captured release is stale within a month)"
         ),
     ] = 30.0,
-    json_out: Annotated[bool, typer.Option("--json", help="print the signature as JSON")] = False,
+    json_out: JsonOut = False,
+    device: Annotated[list[str] | None, deprecated("--device", instead="--device-id")] = None,
 ) -> None:
     """Sign a package as a release for some devices (writes PKG/manifest.sig)."""
     from edgeinfer.bridge.ota.release import sign_package
     from edgeinfer.manifest import Manifest
 
+    devices: list[str] | None = aliased(
+        device_id, device, default=None, names="--device-id / --device"
+    )
     Manifest.read(package).verify(package)  # sign only what verifies
     record = sign_package(
         package,
         key,
-        devices=device or [],
+        devices=devices or [],
         compatible=compatible,
         name=name,
         version=version,

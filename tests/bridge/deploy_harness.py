@@ -51,8 +51,8 @@ def keypair(folder: Path, name: str, *, rotate_from: Path | None = None) -> tupl
 
 
 def sign(package: Path, key: Path, *options: str, devices: tuple[str, ...] = (DEVICE,)) -> Path:
-    """``edgeinfer sign PKG --key KEY --device D ... OPTIONS`` (must succeed)."""
-    device_args = [a for d in devices for a in ("--device", d)]
+    """``edgeinfer sign PKG --key KEY --device-id D ... OPTIONS`` (must succeed)."""
+    device_args = [a for d in devices for a in ("--device-id", d)]
     assert main(["sign", str(package), "--key", str(key), *device_args, *options]) == 0
     return package
 

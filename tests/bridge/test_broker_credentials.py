@@ -116,7 +116,7 @@ def signed_package(minilm_int8: Path, tmp_path_factory: pytest.TempPathFactory) 
     package = root / "minilm"
     shutil.copytree(minilm_int8, package)
     key = str(root / "release.key")
-    assert main(["sign", str(package), "--key", key, "--device", DEVICE]) == 0
+    assert main(["sign", str(package), "--key", key, "--device-id", DEVICE]) == 0
     return package
 
 

@@ -126,7 +126,7 @@ def test_deploy_and_rollback_under_load(
         data["files"]["../outside.onnx"] = data["files"].pop("model.onnx")
         data["io"]["graph"] = "../outside.onnx"
         (escape / MANIFEST_NAME).write_text(json.dumps(data))
-        signing = ["sign", str(escape), "--key", str(good_key), "--device", DEVICE]
+        signing = ["sign", str(escape), "--key", str(good_key), "--device-id", DEVICE]
         assert main(signing) == 2  # sign refuses it too
         sign_package(escape, good_key, devices=[DEVICE])  # anyway, by a careless or stolen key
         refused = operator.begin(escape, "n-escape")

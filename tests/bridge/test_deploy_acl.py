@@ -81,7 +81,7 @@ def test_the_documented_acl_keeps_sensors_off_the_deploy_topics(
     acl_broker: Mosquitto, harness: Harness, minilm_int8: Path, tmp_path: Path
 ) -> None:
     key, pub = keypair(tmp_path / "keys", "release")
-    v2 = release(minilm_int8, tmp_path, 2, key=key, sign_options=("--device", "plc7"))
+    v2 = release(minilm_int8, tmp_path, 2, key=key, sign_options=("--device-id", "plc7"))
     login = {"username": "plc7-bridge", "password": _password("plc7-bridge")}
     folder = tmp_path / "deployed"
     bridge = deploy_bridge(

@@ -100,7 +100,7 @@ def test_serve_batches_generate_packages_that_can_and_says_when_one_cannot(
     from edgeinfer.cli.serve_cmd import generations_for
 
     manifest = edgeinfer.Manifest.read(fast_decoder)
-    config = generations_for(manifest, 4, 16)
+    config = generations_for(manifest, 4, 16 << 20)
     assert config == ContinuousBatchConfig(max_sequences=4, kv_budget_bytes=16 << 20)
     assert generations_for(manifest, 1, None) is None  # one at a time: the solo path
     older = dataclasses.replace(manifest, io=dataclasses.replace(manifest.io, extra_row_input=None))

@@ -62,7 +62,8 @@ def test_mqtt_311_round_trip(broker: Mosquitto, harness: Harness) -> None:
         broker.url,
         "--device-id",
         "cli-req-311",
-        "--v311",
+        "--protocol",
+        "3.1.1",
         "minilm",
         '{"texts": ["one", "two"]}',
     )
@@ -126,7 +127,7 @@ def test_deploy_and_rollback_against_no_broker_exit_2_within_the_connect_timeout
     key = str(tmp_path / "k.key")
     if command == "deploy":  # a real signed package: the command gets as far as connecting
         package = tiny_raw(tmp_path / "pkg")
-        assert main(["sign", str(package), "--key", key, "--device", "d"]) == 0
+        assert main(["sign", str(package), "--key", key, "--device-id", "d"]) == 0
         target = ["deploy", str(package)]
     else:
         target = ["rollback", "minilm", "--key", key]

@@ -174,7 +174,7 @@ def deploy_package(
     if signature is None or not isinstance(signature.get("release"), dict):
         raise ConfigError(
             f"{package} is not signed as a release; run "
-            f"`edgeinfer sign {package} --key KEY --device {device_id}`"
+            f"`edgeinfer sign {package} --key KEY --device-id {device_id}`"
         )
     begin = {
         "op": "begin",

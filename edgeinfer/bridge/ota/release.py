@@ -1,6 +1,6 @@
 """What a signature binds a package to (a *release*), and signed rollback orders.
 
-``edgeinfer sign PKG --key K --device plc7`` writes ``PKG/manifest.sig``: a ``release``
+``edgeinfer sign PKG --key K --device-id plc7`` writes ``PKG/manifest.sig``: a ``release``
 statement (``signing.py``) that names, besides the sha256 of the exact ``manifest.json`` bytes
 (which list every file's sha256)::
 
@@ -80,7 +80,7 @@ def target_runs_here(target: str, have: Iterable[str]) -> bool:
 def _audience(devices: Sequence[str], compatible: str | None) -> None:
     if not devices and not compatible:
         raise ConfigError(
-            "say which devices may take it: --device ID (repeatable) or --compatible CLASS "
+            "say which devices may take it: --device-id ID (repeatable) or --compatible CLASS "
             "(the bridge's serve --compatible)"
         )
 
@@ -146,7 +146,7 @@ class Release:
             raise DeployRefusedError(
                 "unsigned",
                 "the package's signature has no release metadata (version, devices, name); "
-                "sign it again: edgeinfer sign PKG --key KEY --device ID",
+                "sign it again: edgeinfer sign PKG --key KEY --device-id ID",
             )
         signer = trusted.verify("release", body, record)
         try:
