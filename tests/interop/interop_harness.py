@@ -112,19 +112,20 @@ def wait_for(
 
 @dataclass
 class Served:
-    """One ``edgeinfer serve`` process; ``client_args`` log mosquitto_sub in (TLS, user)."""
+    """One ``edgeinfer serve`` process; ``client_args`` log mosquitto_sub in (TLS, user);
+    ``status``: its status topic (``P/D/status/CLIENT_ID`` in a shared group)."""
 
     proc: subprocess.Popen[bytes]
     broker: Mosquitto
     log: Path
     client_args: Sequence[str] = ()
+    status: str = f"edgeinfer/{DEVICE}/status"
 
     def wait_online(self) -> None:
         """Until the status says online (the bridge subscribed before publishing it)."""
-        topic = f"edgeinfer/{DEVICE}/status"
         online = wait_for(
             self.broker.port,
-            topic,
+            self.status,
             lambda payload: json.loads(payload)["state"] == "online",
             client_args=self.client_args,
         )
@@ -148,6 +149,7 @@ def start_serve(
     *args: str,
     env: dict[str, str] | None = None,
     client_args: Sequence[str] = (),
+    status: str = f"edgeinfer/{DEVICE}/status",
 ) -> Served:
     """``edgeinfer serve PACKAGES --device-id plc7 ARGS`` on ``broker``, online."""
     with log.open("wb") as out:
@@ -170,7 +172,7 @@ def start_serve(
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
-    served = Served(proc, broker, log, client_args)
+    served = Served(proc, broker, log, client_args, status)
     served.wait_online()
     return served
 

@@ -18,14 +18,27 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from interop_harness import DEVICE, first_messages, rr, start_serve, wait_for
-from mosquitto import running_mosquitto
+from interop_harness import (
+    DEVICE,
+    HANG_S,
+    SUB,
+    Served,
+    first_messages,
+    rr,
+    start_serve,
+    wait_for,
+)
+from mosquitto import LOOPBACK, Mosquitto, running_mosquitto
+
+from edgeinfer.bridge.serve.homeassistant import discovery_messages
 
 sandbox = pytest.importorskip("jinja2.sandbox")
+StrictUndefined = pytest.importorskip("jinja2").StrictUndefined
 
 PREFIX = "homeassistant"
 _TOPIC = re.compile(rf"^{PREFIX}/(sensor)/(?:[a-zA-Z0-9_-]+/)?[a-zA-Z0-9_-]+/config$")
@@ -91,6 +104,20 @@ def schema_errors(topic: str, config: Any) -> list[str]:
     return errors
 
 
+def published_configs(broker: Mosquitto, *, count: int) -> dict[str, Any]:
+    """The ``count`` retained discovery configs on ``broker`` (topic -> config), each checked
+    against the schema, their unique ids distinct."""
+    published = [
+        line.split(b" ", 1)
+        for line in first_messages(broker.port, f"{PREFIX}/#", count=count, verbose=True)
+    ]
+    configs = {topic.decode(): json.loads(payload) for topic, payload in published}
+    for topic, config in configs.items():
+        assert schema_errors(topic, config) == [], (topic, config)
+    assert len({c["unique_id"] for c in configs.values()}) == len(configs) == count
+    return configs
+
+
 def render(template: str, payload: bytes) -> str:
     """A template as Home Assistant renders it: ``value_json`` is the payload's JSON."""
     env = sandbox.ImmutableSandboxedEnvironment()
@@ -119,14 +146,7 @@ def test_discovery_configs_are_valid_and_availability_has_its_will(
                 *("-m", json.dumps({"id": "ha-1", "text": "pressure rising fast"})),
             )
             assert reply["ok"]
-            published = [
-                line.split(b" ", 1)
-                for line in first_messages(broker.port, f"{PREFIX}/#", count=8, verbose=True)
-            ]
-            configs = {topic.decode(): json.loads(payload) for topic, payload in published}
-            for topic, config in configs.items():
-                assert schema_errors(topic, config) == [], (topic, config)
-            assert len({c["unique_id"] for c in configs.values()}) == len(configs) == 8
+            configs = published_configs(broker, count=8)
             status = first_messages(broker.port, f"edgeinfer/{DEVICE}/status")[0]
             metrics = first_messages(broker.port, f"edgeinfer/{DEVICE}/metrics")[0]
             states = {}
@@ -151,3 +171,101 @@ def test_discovery_configs_are_valid_and_availability_has_its_will(
             assert wait_for(broker.port, availability["topic"], lambda p: p == b"offline")
         finally:
             served.stop()
+
+
+GROUP = "workers"
+MEMBERS = ("bridge-a", "bridge-b")
+
+
+def strict_render(template: str, payload: bytes) -> str:
+    """``render``, failing on any field the payload lacks (Home Assistant logs a template
+    warning for each)."""
+    env = sandbox.ImmutableSandboxedEnvironment(undefined=StrictUndefined)
+    return str(env.from_string(template).render(value_json=json.loads(payload), value=payload))
+
+
+def start_member(broker: Mosquitto, package: Path, folder: Path, member: str) -> Served:
+    """One member of the shared group: its own client id, state folder and log."""
+    return start_serve(
+        broker,
+        [package],
+        folder / f"{member}.log",
+        *("--shared-group", GROUP, "--client-id", member, "--availability"),
+        *("--ha-discovery", PREFIX, "--metrics-interval-s", "0.5"),
+        env={"EDGEINFER_STATE_DIR": str(folder / member)},
+        status=f"edgeinfer/{DEVICE}/status/{member}",
+    )
+
+
+def test_group_configs_are_the_same_whichever_member_writes_them() -> None:
+    from edgeinfer.bridge import BridgeConfig, Connection
+
+    def config(member: str) -> BridgeConfig:
+        connection = Connection(broker="mqtt://127.0.0.1:1883", client_id=member)
+        return BridgeConfig(
+            connection=connection, device_id=DEVICE, shared_group=GROUP, ha_discovery_prefix=PREFIX
+        )
+
+    models = {"minilm-int8": "embed", "smollm2": "generate"}
+    first = discovery_messages(config("bridge-a"), models, members=["bridge-b"])
+    second = discovery_messages(config("bridge-b"), models, members=["bridge-a", "bridge-b"])
+    assert first == second
+    assert len(first) == 2 * 2 * 4  # members x models x (status, p50, p99, queue depth)
+    configs = [json.loads(payload) for _, payload in first]
+    assert len({c["unique_id"] for c in configs}) == len(configs)
+    assert {json.dumps(c["device"]) for c in configs} == {json.dumps(configs[0]["device"])}
+
+
+def test_a_group_is_one_device_available_while_any_member_serves(
+    tmp_path: Path, fast_encoder: Path
+) -> None:
+    model = fast_encoder.name
+    with running_mosquitto(tmp_path / "mosquitto") as broker:
+        members = {m: start_member(broker, fast_encoder, tmp_path, m) for m in MEMBERS}
+        try:
+            # the first member to start learns of the second from its status, then republishes
+            node = f"edgeinfer_edgeinfer_{DEVICE}"
+            first_config = f"{PREFIX}/sensor/{node}/{DEVICE}_bridge-a_{model}_status/config"
+            assert wait_for(
+                broker.port, first_config, lambda p: len(json.loads(p)["availability"]) == 2
+            )
+            configs = published_configs(broker, count=8)
+            assert {c["device"]["identifiers"][0] for c in configs.values()} == {node}
+            statuses = [f"edgeinfer/{DEVICE}/status/{m}" for m in MEMBERS]
+            for config in configs.values():
+                assert config["availability_mode"] == "any"
+                assert [a["topic"] for a in config["availability"]] == statuses
+            by_member = {m: [c for c in configs.values() if m in c["unique_id"]] for m in MEMBERS}
+            for member, own in by_member.items():
+                assert len(own) == 4
+                metrics = first_messages(broker.port, f"edgeinfer/{DEVICE}/metrics/{member}")[0]
+                assert json.loads(metrics)["client_id"] == member
+                for config in own:
+                    assert config["state_topic"].endswith(f"/{member}")
+            group = f"edgeinfer/{DEVICE}/availability"
+            assert first_messages(broker.port, group) == [b"online"]
+            with subprocess.Popen(
+                [SUB, "-h", LOOPBACK, "-p", str(broker.port), "-t", group, "-W", str(HANG_S)],
+                stdout=subprocess.PIPE,
+            ) as sub:
+                assert sub.stdout is not None
+                assert sub.stdout.readline() == b"online\n"  # the retained one
+                members["bridge-a"].proc.send_signal(signal.SIGKILL)
+                members["bridge-a"].proc.wait()
+                # its Will says offline for the group; the member still serving puts it back
+                assert sub.stdout.readline() == b"offline\n"
+                assert sub.stdout.readline() == b"online\n"
+                sub.terminate()
+            will = first_messages(broker.port, statuses[0])[0]
+            assert json.loads(will)["state"] == "offline"
+            status_sensor = next(
+                c for c in by_member["bridge-a"] if c["name"].startswith(f"{model} status")
+            )
+            assert strict_render(status_sensor["value_template"], will) == "not served"
+            assert json.loads(strict_render(status_sensor["json_attributes_template"], will)) == {}
+            members["bridge-b"].proc.send_signal(signal.SIGKILL)
+            members["bridge-b"].proc.wait()
+            assert wait_for(broker.port, group, lambda p: p == b"offline")
+        finally:
+            for served in members.values():
+                served.stop()

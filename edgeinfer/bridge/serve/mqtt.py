@@ -11,11 +11,12 @@ Topics (``P``: topic prefix, ``D``: device id)::
     P/D/MODEL/req      requests (via $share/GROUP/P/D/+/req when scaled out)
     P/D/status         retained JSON {"state": online|offline, "models": {...}}
                        (P/D/status/CLIENT_ID in a shared group)
-    P/D/availability   retained plain online|offline, with its own Will (homeassistant.py)
+    P/D/availability   retained plain online|offline, with its own Will (homeassistant.py;
+                       the group's in a shared group: online while any member serves)
     P/D/ota/ctl        deploy control messages (deploy.py), with a deploy folder and keys
     P/D/ota/chunk      deploy chunks (each topic has its own size limit)
     P/D/ota/status     retained JSON: the last deploy step's outcome
-    P/D/metrics        periodic JSON statistics
+    P/D/metrics        periodic JSON statistics (P/D/metrics/CLIENT_ID in a shared group)
     P/D/errors         error replies for requests that named no reply topic
 """
 
@@ -35,7 +36,7 @@ from edgeinfer.bridge.connection import connect_async, new_paho_client
 from edgeinfer.bridge.ota.deploy import DeployConfig, Deployer
 from edgeinfer.bridge.serve import intake
 from edgeinfer.bridge.serve.delivery import Delivery
-from edgeinfer.bridge.serve.homeassistant import AvailabilityLink, discovery_messages
+from edgeinfer.bridge.serve.homeassistant import AvailabilityLink, Discovery
 from edgeinfer.bridge.serve.journal import Inbound, Journal
 from edgeinfer.bridge.serve.outbox import Outbox
 from edgeinfer.bridge.serve.serving import ModelTable, StreamTable
@@ -132,8 +133,7 @@ class Bridge:
         )
         self._client: PahoClient = new_paho_client(config.session)
         self._outbox = Outbox(self._client, config, self.delivery)
-        offline = json.dumps({"state": "offline", "client_id": config.connection.client_id})
-        self._client.will_set(config.status_topic, offline.encode(), qos=1, retain=True)
+        self._client.will_set(config.status_topic, self._offline(), qos=1, retain=True)
         self._client.max_inflight_messages_set(max(20, config.max_queue))
         self._client.manual_ack_set(True)  # _on_message acknowledges, once a request is recorded
         self._client.on_publish = self._on_publish
@@ -142,6 +142,11 @@ class Bridge:
         self._client.on_subscribe = self._on_subscribe
         self._client.on_message = self._on_message
         self._availability = AvailabilityLink(config) if config.availability else None
+        self._discovery = (
+            None
+            if config.ha_discovery_prefix is None
+            else Discovery(config, models=self.models, publish=self._outbox.publish)
+        )
         self._metrics = threading.Thread(
             target=self._metrics_loop, name="edgeinfer-metrics", daemon=True
         )
@@ -197,9 +202,8 @@ class Bridge:
         if self._availability is not None:
             self._availability.stop(timeout_s=timeout_s)
         if self._state.connected.is_set():
-            offline = {"state": "offline", "client_id": self.config.connection.client_id}
             info = self._outbox.publish(
-                self.config.status_topic, json.dumps(offline).encode(), qos=1, retain=True
+                self.config.status_topic, self._offline(), qos=1, retain=True
             )
             try:
                 info.wait_for_publish(timeout_s)
@@ -236,6 +240,17 @@ class Bridge:
     def refusals(self) -> int:
         """QoS 1 publishes the broker refused so far (each topic's first one is logged)."""
         return self._outbox.refusals
+
+    def _offline(self) -> bytes:
+        """The offline status (the Last Will's too): the status's fields, serving nothing,
+        so that every template reading the status still finds them."""
+        offline = {
+            "v": proto.PROTOCOL_VERSION,
+            "state": "offline",
+            "client_id": self.config.connection.client_id,
+            "models": {},
+        }
+        return json.dumps(offline).encode()
 
     def status(self) -> dict[str, Any]:
         """The retained status: ``online`` and each served model's digest and signer."""
@@ -288,10 +303,8 @@ class Bridge:
             topics += [(self.config.ota_control_topic, 1), (self.config.ota_chunk_topic, 1)]
         client.subscribe(topics)  # one SUBACK: subscribed means every topic is
         self._publish_status()
-        if self.config.ha_discovery_prefix is not None:
-            tasks = {name: model.task for name, model in self.models.items()}
-            for topic, payload in discovery_messages(self.config, tasks):
-                self._outbox.publish(topic, payload, qos=1, retain=True)
+        if self._discovery is not None:
+            self._discovery.connected(client)
 
     def _on_subscribe(
         self,
@@ -352,6 +365,8 @@ class Bridge:
         if self.deployer is not None and message.topic == self.config.ota_control_topic:
             self.deployer.handle_control(bytes(message.payload))
             return
+        if self._discovery is not None and self._discovery.took(message):
+            return  # a group member's status
         inbound = Inbound.of(message, received_ms=received_ms)
         if not inbound.payload and (message.retain or inbound.response_topic is None):
             return  # a retained request being cleared (ours, say): nothing asked, no one to tell
@@ -390,6 +405,4 @@ class Bridge:
                 models=self.models.names(),
                 journal=self.delivery.snapshot(),
             )
-            self._outbox.publish(
-                f"{self.config.base}/metrics", json.dumps(snapshot).encode(), qos=0
-            )
+            self._outbox.publish(self.config.metrics_topic, json.dumps(snapshot).encode(), qos=0)

@@ -82,7 +82,8 @@ class BridgeConfig:
             Whatever they say, the bridge's own topics (status, deploy, metrics, errors) and
             request topics (``P/+/+/req``) are refused.
         availability: also keep a plain ``online``/``offline`` retained topic with its own
-            Last Will, ``P/D/availability`` (Home Assistant, Node-RED; ``homeassistant.py``).
+            Last Will, ``P/D/availability`` (Home Assistant, Node-RED; ``homeassistant.py``);
+            in a shared group, the group's: ``online`` while any member serves.
         ha_discovery_prefix: publish Home Assistant MQTT discovery configs under this prefix
             (Home Assistant's default: ``homeassistant``) after every connect; ``None``: none.
         journal_dir: the folder of the request journal (one file per client id): a QoS 1
@@ -220,14 +221,27 @@ class BridgeConfig:
     @property
     def status_topic(self) -> str:
         """Retained online/offline; per client in a shared group (each bridge has its own)."""
-        own = f"/{self.connection.client_id}" if self.shared_group else ""
-        return f"{self.base}/status{own}"
+        return self.member_status_topic(self.connection.client_id)
+
+    def member_status_topic(self, client_id: str) -> str:
+        """The status of the bridge ``client_id``: ``P/D/status/CLIENT_ID`` in a shared group,
+        else ``P/D/status``."""
+        return f"{self.base}/status/{client_id}" if self.shared_group else f"{self.base}/status"
+
+    @property
+    def metrics_topic(self) -> str:
+        """Periodic JSON statistics; per client in a shared group (two bridges' numbers)."""
+        return self.member_metrics_topic(self.connection.client_id)
+
+    def member_metrics_topic(self, client_id: str) -> str:
+        """``P/D/metrics/CLIENT_ID`` in a shared group, else ``P/D/metrics``."""
+        return f"{self.base}/metrics/{client_id}" if self.shared_group else f"{self.base}/metrics"
 
     @property
     def availability_topic(self) -> str:
-        """The plain ``online``/``offline`` topic (per client in a shared group)."""
-        own = f"/{self.connection.client_id}" if self.shared_group else ""
-        return f"{self.base}/availability{own}"
+        """The plain ``online``/``offline`` topic: the device's, one for a whole shared group
+        (``online`` while any member serves; ``homeassistant.py``)."""
+        return f"{self.base}/availability"
 
     @property
     def reply_filters(self) -> tuple[str, ...]:
