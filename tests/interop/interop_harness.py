@@ -177,6 +177,23 @@ def start_serve(
     return served
 
 
+GROUP = "workers"  # the shared group of the group tests, and its members' client ids
+MEMBERS = ("bridge-a", "bridge-b")
+
+
+def start_member(broker: Mosquitto, package: Path, folder: Path, member: str) -> Served:
+    """One member of the shared group: its own client id, state folder and log."""
+    return start_serve(
+        broker,
+        [package],
+        folder / f"{member}.log",
+        *("--shared-group", GROUP, "--client-id", member, "--availability"),
+        *("--ha-discovery", "homeassistant", "--metrics-interval-s", "0.5"),
+        env={"EDGEINFER_STATE_DIR": str(folder / member)},
+        status=f"edgeinfer/{DEVICE}/status/{member}",
+    )
+
+
 def blocks() -> dict[str, tuple[str, str]]:
     """NAME -> (language, text) of every runnable block of docs/mqtt.md: a fenced block right
     after ``<!-- run: NAME -->``."""

@@ -25,11 +25,13 @@ from typing import Any
 import pytest
 from interop_harness import (
     DEVICE,
+    GROUP,
     HANG_S,
+    MEMBERS,
     SUB,
-    Served,
     first_messages,
     rr,
+    start_member,
     start_serve,
     wait_for,
 )
@@ -173,8 +175,23 @@ def test_discovery_configs_are_valid_and_availability_has_its_will(
             served.stop()
 
 
-GROUP = "workers"
-MEMBERS = ("bridge-a", "bridge-b")
+def converged_configs(broker: Mosquitto, *, count: int, members: int) -> dict[str, Any]:
+    """The discovery configs once there are ``count`` and each names ``members`` members (a
+    member that started first knew only itself until it read the other's status)."""
+    assert SUB is not None
+    args = ["-h", LOOPBACK, "-p", str(broker.port), "-t", f"{PREFIX}/#", "-v", "-W", str(HANG_S)]
+    latest: dict[str, Any] = {}
+    with subprocess.Popen([SUB, *args], stdout=subprocess.PIPE) as sub:
+        assert sub.stdout is not None
+        for line in sub.stdout:
+            topic, payload = line.rstrip(b"\n").split(b" ", 1)
+            latest[topic.decode()] = json.loads(payload)
+            if len(latest) == count and all(
+                len(c["availability"]) == members for c in latest.values()
+            ):
+                sub.terminate()
+                return latest
+    pytest.fail(f"the configs never converged: {latest}")
 
 
 def strict_render(template: str, payload: bytes) -> str:
@@ -182,19 +199,6 @@ def strict_render(template: str, payload: bytes) -> str:
     warning for each)."""
     env = sandbox.ImmutableSandboxedEnvironment(undefined=StrictUndefined)
     return str(env.from_string(template).render(value_json=json.loads(payload), value=payload))
-
-
-def start_member(broker: Mosquitto, package: Path, folder: Path, member: str) -> Served:
-    """One member of the shared group: its own client id, state folder and log."""
-    return start_serve(
-        broker,
-        [package],
-        folder / f"{member}.log",
-        *("--shared-group", GROUP, "--client-id", member, "--availability"),
-        *("--ha-discovery", PREFIX, "--metrics-interval-s", "0.5"),
-        env={"EDGEINFER_STATE_DIR": str(folder / member)},
-        status=f"edgeinfer/{DEVICE}/status/{member}",
-    )
 
 
 def test_group_configs_are_the_same_whichever_member_writes_them() -> None:
@@ -223,13 +227,11 @@ def test_a_group_is_one_device_available_while_any_member_serves(
     with running_mosquitto(tmp_path / "mosquitto") as broker:
         members = {m: start_member(broker, fast_encoder, tmp_path, m) for m in MEMBERS}
         try:
-            # the first member to start learns of the second from its status, then republishes
             node = f"edgeinfer_edgeinfer_{DEVICE}"
-            first_config = f"{PREFIX}/sensor/{node}/{DEVICE}_bridge-a_{model}_status/config"
-            assert wait_for(
-                broker.port, first_config, lambda p: len(json.loads(p)["availability"]) == 2
-            )
-            configs = published_configs(broker, count=8)
+            configs = converged_configs(broker, count=8, members=2)
+            for topic, config in configs.items():
+                assert schema_errors(topic, config) == [], (topic, config)
+            assert len({c["unique_id"] for c in configs.values()}) == len(configs)
             assert {c["device"]["identifiers"][0] for c in configs.values()} == {node}
             statuses = [f"edgeinfer/{DEVICE}/status/{m}" for m in MEMBERS]
             for config in configs.values():
