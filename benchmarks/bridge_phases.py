@@ -41,7 +41,8 @@ from edgeinfer.bridge.wire import protocol as proto
 PHASES = (
     ("client -> bridge callback", "sent", "callback"),
     ("decode", "callback", "decoded"),
-    ("submit (dedup, enqueue)", "decoded", "enqueued"),
+    ("journal row commit (QoS 1, before the PUBACK)", "record_start", "recorded"),
+    ("submit (lookup, record, dedup, enqueue)", "decoded", "enqueued"),
     ("hand-off to the worker", "enqueued", "worker"),
     ("compute", "compute_start", "compute_end"),
     ("serialize", "compute_end", "serialized"),
@@ -141,7 +142,16 @@ def instrument(bridge: Bridge, stamps: Stamps) -> None:
 
     bridge._handle = handle  # type: ignore[method-assign]
     proto.decode_request = decode  # type: ignore[assignment]
-    around(bridge.worker, "submit", None, "enqueued")
+    # The delivery holds the worker's submit bound at construction: wrap the one it calls.
+    around(bridge.delivery, "_submit", None, "enqueued")
+    journal = bridge.delivery.journal
+    if journal is not None:  # the row's commit (group commits: ``commit``; before: ``record``)
+        around(
+            journal,
+            "commit" if hasattr(journal, "commit") else "record",
+            "record_start",
+            "recorded",
+        )
     around(bridge.worker, "_serve", "worker", None)
     around(worker, "run_request", "compute_start", "compute_end")
     around(replies.Stored, "payload", None, "serialized")
@@ -184,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                 connection=Connection(broker=broker, client_id="phases-bridge"),
                 device_id=DEVICE,
                 metrics_interval_s=0,
+                # A fresh journal: one kept from an earlier run would replay its answers.
+                journal_dir=Path(tmp) / "state",
             )
             bridge = Bridge({model: served}, config=config)
             instrument(bridge, stamps)
@@ -204,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         merged = {**stamps.by_id.get(s["id"], {}), **s}
         if "written" in merged and "received" in merged:
             rows.append(merged)
-    phases = {name: stats([(r[end] - r[start]) / 1e6 for r in rows]) for name, start, end in PHASES}
+    phases = {
+        name: stats([(r[end] - r[start]) / 1e6 for r in rows if start in r and end in r])
+        for name, start, end in PHASES
+    }
     round_trip = stats([(r["received"] - r["sent"]) / 1e6 for r in rows])
     overhead = stats(
         [(r["received"] - r["sent"] - (r["compute_end"] - r["compute_start"])) / 1e6 for r in rows]

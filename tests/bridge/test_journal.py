@@ -5,10 +5,13 @@ that an answer is kept only once the broker acknowledged it."""
 from __future__ import annotations
 
 import json
+import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bridge_harness import wait_until
 
 from edgeinfer.bridge.serve.delivery import Delivery
 from edgeinfer.bridge.serve.journal import Answer, Inbound, Journal
@@ -46,11 +49,12 @@ def _decode(inbound: Inbound) -> proto.Request | proto.ErrorReply:
 
 
 class Wire:
-    """What a Delivery submits and sends; each publish gets the next mid."""
+    """What a Delivery submits, sends and acknowledges; each publish gets the next mid."""
 
     def __init__(self) -> None:
         self.submitted: list[proto.Request | proto.ErrorReply] = []
         self.sent: list[tuple[int, Outgoing]] = []
+        self.acked: list[int] = []
 
     def delivery(self, journal: Journal, *, now_ms: float = NOW_MS, **options: Any) -> Delivery:
         options = {"keep_s": 3600.0, "keep_answers": 100, **options}
@@ -59,6 +63,7 @@ class Wire:
             decode=_decode,
             submit=self.submitted.append,
             send=lambda out: d.sending(out, lambda: self._publish(out)),
+            ack=lambda mid, qos: self.acked.append(mid),
             clock_ms=lambda: now_ms,
             **options,
         )
@@ -117,6 +122,8 @@ def test_an_answer_is_kept_only_once_the_broker_acknowledged_it(tmp_path: Path) 
     delivery = wire.delivery(Journal(path))
     delivery.start()
     _accept(delivery, _inbound("r1"))
+    delivery.acknowledge(41, 1)
+    wait_until(lambda: wire.acked == [41])  # acknowledged once the row is committed
     assert wire.submitted and Journal(path).lookup((REPLY, "m", "r1")) is True
     key = (REPLY, "m", "r1")
     delivery._send(Outgoing(REPLY, b'{"chunk": 0, "id": "r1"}', b"r1", "json", key, False))
@@ -211,3 +218,95 @@ def test_after_a_restart_an_answered_id_asking_something_else_is_id_reused(
     assert wire.submitted == []  # never run, and not given the first request's answer
     [reply] = wire.replies()
     assert reply["error"]["code"] == proto.ID_REUSED and "replay" not in reply
+
+
+def _final(request_id: str) -> Outgoing:
+    payload = json.dumps({"v": 1, "id": request_id, "ok": True}).encode()
+    return Outgoing(REPLY, payload, request_id.encode(), "json", (REPLY, "m", request_id), True)
+
+
+def test_rows_that_arrive_during_a_commit_share_the_next_one_and_nothing_leaves_before_it(
+    tmp_path: Path,
+) -> None:
+    path, wire = tmp_path / "j.sqlite3", Wire()
+    journal = Journal(path)
+    commits: list[int] = []
+    real_commit = journal.commit
+
+    def counted(**batch: Any) -> None:
+        real_commit(**batch)
+        commits.append(len(batch["records"]))
+
+    journal.commit = counted  # type: ignore[method-assign]
+    delivery = wire.delivery(journal)
+    delivery.start()
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # another writer holds the file: the commit must wait
+    for i in range(3):
+        _accept(delivery, _inbound(f"r{i}"))
+        delivery.acknowledge(100 + i, 1)
+        delivery._send(_final(f"r{i}"))  # the worker answered before the row was committed
+    assert [r.id for r in wire.submitted if isinstance(r, proto.Request)] == ["r0", "r1", "r2"]
+    assert wire.acked == [] and wire.sent == []  # no PUBACK and no reply before the commit
+    assert Journal(path).lookup((REPLY, "m", "r0")) is None
+    writer.execute("ROLLBACK")
+    wait_until(lambda: len(wire.acked) == 3)
+    assert wire.acked == [100, 101, 102]  # in arrival order
+    assert [json.loads(out.payload)["id"] for _, out in wire.sent] == ["r0", "r1", "r2"]
+    again = Journal(path)
+    assert all(again.lookup((REPLY, "m", f"r{i}")) is True for i in range(3))
+    assert sum(commits) == 3 and len(commits) <= 2  # r0 alone (maybe), r1 and r2 together
+    for mid, _ in wire.sent:
+        delivery.published(mid)
+    delivery.stop()
+    assert all(isinstance(again.lookup((REPLY, "m", f"r{i}")), Answer) for i in range(3))
+
+
+def test_a_crash_after_the_commit_and_before_the_puback_leaves_the_request_to_re_run(
+    tmp_path: Path,
+) -> None:
+    path, wire = tmp_path / "j.sqlite3", Wire()
+    stalled, release = threading.Event(), threading.Event()
+
+    def ack(mid: int, qos: int) -> None:  # the bridge dies here: the PUBACK never leaves
+        stalled.set()
+        release.wait(30)
+
+    delivery = Delivery(
+        Journal(path),
+        decode=_decode,
+        submit=wire.submitted.append,
+        send=lambda out: None,
+        ack=ack,
+        clock_ms=lambda: NOW_MS,
+        keep_s=3600.0,
+        keep_answers=100,
+    )
+    delivery.start()
+    _accept(delivery, _inbound("r1"))
+    delivery.acknowledge(7, 1)
+    assert stalled.wait(30)
+    restarted = Wire()  # the next start, on what the killed bridge left on disk
+    assert restarted.delivery(Journal(path)).restart() == 1
+    assert [r.id for r in restarted.submitted if isinstance(r, proto.Request)] == ["r1"]
+    release.set()
+    delivery.stop()
+
+
+def test_a_row_that_cannot_be_written_is_still_answered_and_acknowledged(tmp_path: Path) -> None:
+    path, wire = tmp_path / "j.sqlite3", Wire()
+    journal = Journal(path)
+
+    def broken(**batch: Any) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    journal.commit = broken  # type: ignore[method-assign]
+    delivery = wire.delivery(journal)
+    delivery.start()
+    _accept(delivery, _inbound("r1"))
+    delivery.acknowledge(9, 1)
+    delivery._send(_final("r1"))
+    wait_until(lambda: wire.acked == [9])
+    assert [json.loads(out.payload)["id"] for _, out in wire.sent] == ["r1"]
+    assert delivery.snapshot()["in_flight"] == 0 and delivery.counts["recorded"] == 0
+    delivery.stop()

@@ -1,19 +1,30 @@
 """QoS 1 that holds across a crash: requests go through the journal (``journal.py``).
 
-``accept`` (paho's thread) records a QoS 1 request before it returns, and the bridge
-acknowledges the message only after that (paho's manual acknowledgement): a duplicate of a
-pending request goes to the worker, whose store drops it (its one answer is on the way) or
-replays the answer it just gave; a duplicate of an answered one is
-answered from the journal (``"replay": true``; an answer that was an error runs it again, as
-the in-memory store does). ``restart`` re-submits what a killed bridge had recorded but not
-answered; one re-run ``max_starts`` times without an answer (it may be what kills the bridge)
-is answered ``internal`` instead, and one whose v5 message expiry passed ``deadline_exceeded``.
+``accept`` (paho's thread) queues a QoS 1 request's row for the journal's thread and hands the
+request to the worker at once, so the model runs while the row is written; ``acknowledge``
+(paho's thread, for every QoS > 0 message) sends the PUBACK only after every row queued before
+it is committed — a group commit: one transaction and one fsync for all the rows that came
+meanwhile. A reply of a request whose row is not committed yet is held and published by the
+journal's thread right after the commit: nothing leaves for a request the broker could still
+redeliver to a bridge that has no row of it. A bridge killed before the commit never
+acknowledged the request (the broker delivers it again) and never answered it; one killed after
+has the row (the next start runs it again). Without the journal's thread running (``start``),
+``accept`` records before it returns.
+
+A duplicate of a pending request goes to the worker, whose store drops it (its one answer is on
+the way) or replays the answer it just gave; a duplicate of an answered one is answered from
+the journal (``"replay": true``; an answer that was an error runs it again, as the in-memory
+store does). ``restart`` re-submits what a killed bridge had recorded but not answered; one
+re-run ``max_starts`` times without an answer (it may be what kills the bridge) is answered
+``internal`` instead, and one whose v5 message expiry passed ``deadline_exceeded``. A row that
+cannot be written (a full or broken disk) is logged; its request is answered unjournaled.
 
 A request is answered in the journal when the broker has acknowledged its final reply
 (``published``, from paho's ``on_publish``), not when paho was handed it: a bridge killed
 with the reply still in paho's queue runs the request again at the next start, so the reply
 is not lost; the price is a second answer if the kill falls between the broker's PUBACK and
-the journal's commit (microseconds). Answers are committed by one thread, in batches.
+the journal's commit (microseconds). Answers are committed by the journal's thread, in batches,
+with the rows.
 """
 
 from __future__ import annotations
@@ -22,7 +33,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from edgeinfer.bridge.serve.journal import Answer, Inbound, Journal
 from edgeinfer.bridge.serve.replies import Outgoing, content_digest
@@ -34,6 +45,33 @@ __all__ = ["Delivery"]
 log = logging.getLogger(__name__)
 
 Key = proto.RequestKey  # opaque here: the journal keeps it as a list of strings
+Publish = Callable[[], int]  # publishes one reply, returns its mid
+
+
+class _Live:
+    """A recorded, unanswered request: its chunks sent so far and, until its row is committed,
+    its replies held back (each with the call that publishes it)."""
+
+    __slots__ = ("chunks", "held", "recorded")
+
+    def __init__(self, *, recorded: bool) -> None:
+        self.chunks: list[bytes] = []
+        self.held: list[tuple[Outgoing, Publish]] = []
+        self.recorded = recorded
+
+
+class _Row(NamedTuple):
+    """A request's row, queued for the next commit."""
+
+    key: Key
+    inbound: Inbound
+
+
+class _Ack(NamedTuple):
+    """A PUBACK to send once every row queued before it is committed."""
+
+    mid: int
+    qos: int
 
 
 class Delivery:
@@ -44,6 +82,7 @@ class Delivery:
         decode: decodes a request message (``intake.decode``).
         submit: hands a decoded message to the worker (``Worker.submit``).
         send: publishes one reply (the bridge's send path, which calls ``sending``).
+        ack: acknowledges a message to the broker (``mid``, ``qos``: paho's manual ack).
         clock_ms: epoch-ms clock (message expiry, answer times, pruning).
         keep_s: answered requests are forgotten after this long.
         keep_answers: at most this many answered requests are kept.
@@ -57,6 +96,7 @@ class Delivery:
         decode: Callable[[Inbound], proto.Request | proto.ErrorReply],
         submit: Callable[[proto.Request | proto.ErrorReply], None],
         send: Callable[[Outgoing], None],
+        ack: Callable[[int, int], object] = lambda mid, qos: None,
         clock_ms: Callable[[], float],
         keep_s: float,
         keep_answers: int,
@@ -66,12 +106,15 @@ class Delivery:
         self._decode = decode
         self._submit = submit
         self._send = send
+        self._ack = ack
         self._clock = clock_ms
         self.keep_s = keep_s
         self.keep_answers = keep_answers
         self.max_starts = max_starts
-        self._lock = threading.Lock()  # guards _live and _awaiting
-        self._live: dict[Key, list[bytes]] = {}  # recorded, unanswered: chunks sent so far
+        self._lock = threading.Lock()  # guards _live, _awaiting, _queue and _uncommitted
+        self._live: dict[Key, _Live] = {}  # recorded (or being recorded), unanswered
+        self._queue: deque[_Row | _Ack] = deque()  # for the journal's thread, in arrival order
+        self._uncommitted = 0  # rows queued or being committed
         self._awaiting: dict[int, tuple[Key, Answer]] = {}  # mid of a final reply -> answer
         self._acked: deque[int] = deque()  # PUBACKed mids not yet looked at
         self._wake = threading.Event()
@@ -81,13 +124,16 @@ class Delivery:
 
     # -- requests coming in (paho's thread) ---------------------------------------------------
     def accept(self, inbound: Inbound, decoded: proto.Request | proto.ErrorReply, qos: int) -> None:
-        """Record a QoS 1 request (durably, before returning), or answer a duplicate; then hand
-        it on. A message that did not decode, or a QoS 0 one, goes on unrecorded."""
+        """Queue a QoS 1 request's row (recorded before returning when the journal's thread is
+        not running), or answer a duplicate; then hand it on. A message that did not decode,
+        or a QoS 0 one, goes on unrecorded."""
         if self.journal is None or qos < 1 or isinstance(decoded, proto.ErrorReply):
             self._submit(decoded)
             return
         key = decoded.key
-        known = self.journal.lookup(key)
+        with self._lock:
+            running = key in self._live
+        known = True if running else self.journal.lookup(key)
         if known is True:  # running (the worker has it, re-submitted at start if need be)
             self._submit(decoded)  # so the worker's store drops it, or replays its answer
             return
@@ -102,8 +148,20 @@ class Delivery:
             self.counts["replayed"] += 1
             self._replay(decoded, known)
             return
+        if self._thread.is_alive():
+            with self._lock:
+                self._live[key] = _Live(recorded=False)
+                self._queue.append(_Row(key, inbound))
+                self._uncommitted += 1
+            self._wake.set()
+        else:
+            self._record_now(key, inbound)
+        self._submit(decoded)
+
+    def _record_now(self, key: Key, inbound: Inbound) -> None:
+        assert self.journal is not None  # only with a journal
         with self._lock:
-            self._live[key] = []
+            self._live[key] = _Live(recorded=True)
         try:
             self.journal.record(key, inbound)
         except BaseException:
@@ -111,7 +169,18 @@ class Delivery:
                 del self._live[key]
             raise
         self.counts["recorded"] += 1
-        self._submit(decoded)
+
+    def acknowledge(self, mid: int, qos: int) -> None:
+        """Acknowledge message ``mid`` (paho's thread, once it is handled): now, or after the
+        commit of every row queued before it (acknowledgements keep their order)."""
+        with self._lock:
+            later = self._uncommitted > 0
+            if later:
+                self._queue.append(_Ack(mid, qos))
+        if later:
+            self._wake.set()
+        else:
+            self._ack(mid, qos)
 
     def _reused(self, request: proto.Request) -> bool:
         """Whether the answered request under ``request``'s identity asked something else."""
@@ -131,7 +200,7 @@ class Delivery:
         for entry in pending:
             key = cast(Key, entry.key)
             with self._lock:
-                self._live[key] = []
+                self._live[key] = _Live(recorded=True)
             decoded = self._decode(entry.inbound)
             expires = entry.inbound.expires_ms
             if isinstance(decoded, proto.ErrorReply):  # it decoded once; a newer bridge may not
@@ -168,21 +237,30 @@ class Delivery:
             self._send(Outgoing(topic, out, correlation, request.fmt, None, last))
 
     # -- replies going out (any thread) -------------------------------------------------------
-    def sending(self, out: Outgoing, publish: Callable[[], int]) -> None:
-        """Publish ``out`` with ``publish`` (returns the mid) and follow it when it is the final
-        reply of a recorded request. Publishes are serialized here so that a PUBACK is looked
-        at only once its mid is known (paho may take it before ``publish`` returns)."""
+    def sending(self, out: Outgoing, publish: Publish) -> None:
+        """Publish ``out`` with ``publish`` (returns the mid) and follow it when it is a reply
+        of a recorded request; hold it while the request's row is not committed. Publishes
+        are serialized here so that a PUBACK is looked at only once its mid is known (paho
+        may take it before ``publish`` returns)."""
         with self._lock:
-            chunks = None if out.key is None else self._live.get(out.key)
-            if out.key is None or chunks is None:
+            live = None if out.key is None else self._live.get(out.key)
+            if live is None:
                 publish()
-            elif not out.final:
-                chunks.append(out.payload)
-                publish()
+            elif not live.recorded:
+                live.held.append((out, publish))
             else:
-                del self._live[out.key]
-                answer = Answer(out.fmt, out.payload, tuple(chunks))
-                self._awaiting[publish()] = (out.key, answer)
+                self._follow(live, out, publish)
+
+    def _follow(self, live: _Live, out: Outgoing, publish: Publish) -> None:
+        """Publish a recorded request's reply; its final one awaits the broker's PUBACK."""
+        if not out.final:
+            live.chunks.append(out.payload)
+            publish()
+            return
+        assert out.key is not None  # a recorded request's reply has its key
+        del self._live[out.key]
+        answer = Answer(out.fmt, out.payload, tuple(live.chunks))
+        self._awaiting[publish()] = (out.key, answer)
 
     def published(self, mid: int) -> None:
         """paho's ``on_publish``: the broker acknowledged message ``mid`` (network thread)."""
@@ -216,19 +294,62 @@ class Delivery:
                 log.exception("could not mark answers in the journal")
 
     def _commit(self) -> None:
+        """Commit the queued rows and the acknowledged answers in one transaction, publish the
+        replies held for those rows, then send the acknowledgements queued behind them."""
         assert self.journal is not None  # the thread runs only with a journal
         answers: list[tuple[Key, Answer]] = []
         with self._lock:
+            batch = list(self._queue)
+            self._queue.clear()
             while self._acked:
                 entry = self._awaiting.pop(self._acked.popleft(), None)
                 if entry is not None:
                     answers.append(entry)
-        if not answers:
+        if not batch and not answers:
             return
-        self.journal.answer(answers, now_ms=self._clock())
+        rows = [e for e in batch if isinstance(e, _Row)]
+        try:
+            self.journal.commit(records=rows, answers=answers, now_ms=self._clock())
+            written = True
+        except Exception:  # a full or broken disk: answer anyway, unjournaled
+            log.exception("could not write %d request(s) to the journal", len(rows))
+            written, answers = False, []
+        with self._lock:
+            for row in rows:
+                self._recorded(row.key, written=written)
+            self._uncommitted -= len(rows)
+        self.counts["recorded"] += len(rows) if written else 0
+        for queued in batch:
+            if isinstance(queued, _Ack):
+                self._ack(queued.mid, queued.qos)
+        self._answered(len(answers))
+
+    def _recorded(self, key: Key, *, written: bool) -> None:
+        """``key``'s row is committed (or could not be): publish the replies held for it."""
+        live = self._live.get(key)
+        if live is None:
+            return
+        live.recorded = True
+        if not written:
+            del self._live[key]  # not in the journal: its replies go out unfollowed
+        held, live.held = live.held, []
+        for out, publish in held:
+            try:
+                if written:
+                    self._follow(live, out, publish)
+                else:
+                    publish()
+            except (ValueError, TypeError) as exc:  # paho refuses the topic or the size
+                log.error("could not publish a %d-byte reply: %s", len(out.payload), exc)
+
+    def _answered(self, answered: int) -> None:
+        """Count answers marked; bound the file now and then."""
+        if not answered:
+            return
+        assert self.journal is not None  # only with a journal
         before = self.counts["answered"]
-        self.counts["answered"] += len(answers)
-        if before // 256 != self.counts["answered"] // 256:  # bound the file now and then
+        self.counts["answered"] += answered
+        if before // 256 != self.counts["answered"] // 256:
             self.journal.prune(before_ms=self._clock() - self.keep_s * 1e3, keep=self.keep_answers)
 
     def snapshot(self) -> dict[str, Any]:

@@ -7,12 +7,17 @@ start runs it again). Once the broker has acknowledged the request's final reply
 that reply (and a generation's chunks): a redelivered or re-sent duplicate is answered from here,
 marked ``"replay": true``, and never run twice — across restarts too.
 
-SQLite in WAL mode with ``synchronous=FULL``: every commit fsyncs the WAL, so a recorded row
-survives ``kill -9`` and a power cut alike (``synchronous=NORMAL`` would survive only the
-former). A commit appends one WAL frame per page changed and one fsync; SQLite rather than an
-append-only file of our own because it also gives the lookups, the pruning and crash-safe
-compaction (checkpoints) without code of ours. ``durable=False`` drops the fsync (tests of
-other things, and a measurement of what the fsync costs).
+SQLite in WAL mode. A commit that records requests runs at ``synchronous=FULL``: it fsyncs the
+WAL, so a recorded row survives ``kill -9`` and a power cut alike. A commit that only marks
+answers runs at ``NORMAL`` (no fsync of its own): it survives ``kill -9``, and the next
+recording commit's fsync makes it durable with it; a power cut in between may lose the marks,
+and then those requests run again at the next start (answered at least once, never lost).
+``commit`` writes several rows and answers in one transaction (one fsync for all: the
+delivery's group commit). A commit appends one WAL frame per page changed; SQLite rather than
+an append-only file of our own because it also gives the lookups, the pruning and crash-safe
+compaction (checkpoints) without code of ours. Lookups read through a second connection, so a
+reader never waits for a writer's fsync (WAL readers see the last commit). ``durable=False``
+drops the fsync (tests of other things, and a measurement of what the fsync costs).
 """
 
 from __future__ import annotations
@@ -164,23 +169,34 @@ class Journal:
 
     def __init__(self, path: Path, *, durable: bool = True) -> None:
         self.path = path
+        self.durable = durable
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
             self._db.executescript(_SCHEMA)
+            self._reads = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._synchronous = ""
+            self._sync(full=True)
         except (OSError, sqlite3.Error) as exc:
             raise ConfigError(
                 f"cannot open the bridge's request journal {path}: {exc}; give a writable "
                 "folder (BridgeConfig.journal_dir), or move the broken file away"
             ) from exc
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the writing connection
+        self._read_lock = threading.Lock()  # the reading one
+
+    def _sync(self, *, full: bool) -> None:
+        """The writing connection's fsync mode for its next commits (FULL: fsync each)."""
+        mode = "FULL" if full and self.durable else "NORMAL"
+        if mode != self._synchronous:
+            self._db.execute(f"PRAGMA synchronous={mode}")
+            self._synchronous = mode
 
     def lookup(self, key: Sequence[str]) -> Answer | bool | None:
         """``key``'s final reply when answered, True while it is pending, ``None`` if unknown."""
-        with self._lock:
-            row = self._db.execute(
+        with self._read_lock:
+            row = self._reads.execute(
                 "SELECT answered_ms, fmt, final, chunks FROM requests WHERE key = ?",
                 (_key_text(key),),
             ).fetchone()
@@ -192,8 +208,8 @@ class Journal:
 
     def original(self, key: Sequence[str]) -> Inbound | None:
         """The message recorded under ``key`` (what it asked), or ``None``."""
-        with self._lock:
-            row = self._db.execute(
+        with self._read_lock:
+            row = self._reads.execute(
                 "SELECT topic, payload, properties, received_ms FROM requests WHERE key = ?",
                 (_key_text(key),),
             ).fetchone()
@@ -201,32 +217,42 @@ class Journal:
 
     def record(self, key: Sequence[str], inbound: Inbound) -> None:
         """Keep ``key`` as pending (replacing an earlier answer); returns once it is durable."""
-        with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO requests (key, topic, payload, properties, received_ms) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (
-                    _key_text(key),
-                    inbound.topic,
-                    inbound.payload,
-                    inbound._properties_json(),
-                    inbound.received_ms,
-                ),
-            )
+        self.commit(records=[(key, inbound)], answers=(), now_ms=0.0)
 
     def answer(self, answers: Sequence[tuple[Sequence[str], Answer]], *, now_ms: float) -> None:
         """Mark pending keys answered with their replies, in one commit (an answered key keeps
         its first answer; an unknown one is ignored)."""
-        if not answers:
+        self.commit(records=(), answers=answers, now_ms=now_ms)
+
+    def commit(
+        self,
+        *,
+        records: Sequence[tuple[Sequence[str], Inbound]],
+        answers: Sequence[tuple[Sequence[str], Answer]],
+        now_ms: float,
+    ) -> None:
+        """``record`` each of ``records`` and ``answer`` ``answers`` (at ``now_ms``) in one
+        transaction; returns once the records are durable (one fsync for all of them)."""
+        if not records and not answers:
             return
-        rows = [(now_ms, a.fmt, a.final, _pack(a.chunks), _key_text(k)) for k, a in answers]
+        rows = [
+            (_key_text(k), i.topic, i.payload, i._properties_json(), i.received_ms)
+            for k, i in records
+        ]
+        marks = [(now_ms, a.fmt, a.final, _pack(a.chunks), _key_text(k)) for k, a in answers]
         with self._lock:
+            self._sync(full=bool(rows))
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.executemany(
+                    "INSERT OR REPLACE INTO requests (key, topic, payload, properties, "
+                    "received_ms) VALUES (?, ?, ?, ?, ?)",
+                    rows,
+                )
+                self._db.executemany(
                     "UPDATE requests SET answered_ms = ?, fmt = ?, final = ?, chunks = ? "
                     "WHERE key = ? AND answered_ms IS NULL",
-                    rows,
+                    marks,
                 )
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -236,6 +262,7 @@ class Journal:
     def restart(self) -> list[Pending]:
         """Every pending request, oldest first, each counted as re-run once more (one commit)."""
         with self._lock:
+            self._sync(full=True)  # the count must hold: it is what stops a crash loop
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.execute(
@@ -276,5 +303,6 @@ class Journal:
 
     def close(self) -> None:
         """Close the file (a later call of any method raises ``sqlite3.ProgrammingError``)."""
-        with self._lock:
+        with self._lock, self._read_lock:
+            self._reads.close()
             self._db.close()

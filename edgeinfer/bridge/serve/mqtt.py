@@ -1,8 +1,8 @@
 """The MQTT side of the bridge: subscribe, decode, hand to the worker, publish replies.
 
-paho's network thread runs ``_on_message``, which only decodes, records a QoS 1 request in the
-journal (``delivery.py``; acknowledged to the broker after that) and calls ``Worker.submit``
-(cheap); models run on the worker's threads. A retained request is refused and cleared.
+paho's network thread runs ``_on_message``: decode, queue a QoS 1 request's journal row
+(``delivery.py``: the PUBACK waits for its commit), ``Worker.submit`` (cheap); models run on
+the worker's threads. A retained request is refused and cleared.
 Subscriptions are made in ``_on_connect`` so that they come back after every reconnect; the
 retained status topic says ``online`` with each served model's package digest and signer, and
 the Last Will makes it ``offline`` when the bridge vanishes.
@@ -115,6 +115,7 @@ class Bridge:
             decode=partial(intake.decode, config=config),
             submit=self.worker.submit,
             send=self._send,
+            ack=lambda mid, qos: self._client.ack(mid, qos),
             clock_ms=clock_ms,
             keep_s=config.journal_keep_s,
             keep_answers=config.dedup_size,
@@ -346,7 +347,7 @@ class Bridge:
 
     def _on_message(self, client: PahoClient, userdata: Any, message: MQTTMessage) -> None:
         # Nothing may escape: an exception here would end paho's network thread (the bridge
-        # alive but deaf). The message is acknowledged when this returns, whatever happened:
+        # alive but deaf). It is acknowledged (after its row's commit) whatever happened:
         # recorded, answered, or (a poison) answered with an error, so it is consumed once.
         try:
             self._handle(message)
@@ -355,7 +356,7 @@ class Bridge:
             self._reply_unhandled(message)
         finally:
             if message.qos > 0:
-                client.ack(message.mid, message.qos)
+                self.delivery.acknowledge(message.mid, message.qos)
 
     def _handle(self, message: MQTTMessage) -> None:
         received_ms = self._clock()
