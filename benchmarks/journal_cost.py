@@ -1,9 +1,11 @@
 """What the request journal costs a QoS 1 request: the record before the acknowledgement (on
-paho's thread, in the round trip) and the answer mark after the reply's PUBACK (on the
-journal's own thread, batched), with fsync (``synchronous=FULL``, the bridge's setting) and
-without (``NORMAL``: survives ``kill -9``, not a power cut).
+the journal's thread, while the model runs: in the round trip only where it outlasts the
+model) and the answer mark after the reply's PUBACK (batched), with fsync
+(``synchronous=FULL``, the bridge's setting for records) and without (``NORMAL``: survives
+``kill -9``, not a power cut).
 
-The path is the bridge's own: ``Delivery.accept`` (lookup + record + submit) on a real SQLite
+The path is the bridge's own: ``Delivery.accept`` (lookup + record + submit, one row per commit:
+the bridge's worst case, without a group commit) on a real SQLite
 file in ``--dir`` (put it on the device's real storage: tmpfs or an overlay measure something
 else), with a ~200-byte generate request and its v5 properties. Prints p50/p99 µs per record
 and per answered request (marks committed in batches of ``--batch``), as JSON.

@@ -171,8 +171,10 @@ class Delivery:
         self.counts["recorded"] += 1
 
     def acknowledge(self, mid: int, qos: int) -> None:
-        """Acknowledge message ``mid`` (paho's thread, once it is handled): now, or after the
-        commit of every row queued before it (acknowledgements keep their order)."""
+        """Acknowledge message ``mid`` (paho's thread, once it is handled; QoS 0: nothing to
+        do): now, or after the commit of every row queued before it (in order)."""
+        if qos < 1:
+            return
         with self._lock:
             later = self._uncommitted > 0
             if later:

@@ -355,8 +355,7 @@ class Bridge:
             log.exception("dropped a message that could not be handled (acknowledged)")
             self._reply_unhandled(message)
         finally:
-            if message.qos > 0:
-                self.delivery.acknowledge(message.mid, message.qos)
+            self.delivery.acknowledge(message.mid, message.qos)
 
     def _handle(self, message: MQTTMessage) -> None:
         received_ms = self._clock()
