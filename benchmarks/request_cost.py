@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from client_isolation import cpu_s
 from mqtt_roundtrip import mosquitto
 
 DEVICE = "cost"
@@ -76,12 +77,6 @@ class Requester:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def instructions(dump: Path) -> int:
