@@ -115,6 +115,8 @@ class Delivery:
         self._live: dict[Key, _Live] = {}  # recorded (or being recorded), unanswered
         self._queue: deque[_Row | _Ack] = deque()  # for the journal's thread, in arrival order
         self._uncommitted = 0  # rows queued or being committed
+        self._committing = False  # a batch is being committed and acknowledged
+        self._settled = threading.Condition(self._lock)  # notified after each batch
         self._awaiting: dict[int, tuple[Key, Answer]] = {}  # mid of a final reply -> answer
         self._acked: deque[int] = deque()  # PUBACKed mids not yet looked at
         self._wake = threading.Event()
@@ -275,6 +277,15 @@ class Delivery:
         if self.journal is not None:
             self._thread.start()
 
+    def settle(self, *, timeout_s: float) -> bool:
+        """Wait until every queued row is committed (its held replies published); False when
+        ``timeout_s`` passed first. A stopping bridge calls it before it disconnects."""
+        with self._settled:
+            idle = self._settled.wait_for(
+                lambda: self._uncommitted == 0 and not self._committing, timeout_s
+            )
+            return bool(idle)
+
     def stop(self) -> None:
         """Commit the answers acknowledged so far and close the journal."""
         if self.journal is None:
@@ -296,17 +307,28 @@ class Delivery:
                 log.exception("could not mark answers in the journal")
 
     def _commit(self) -> None:
-        """Commit the queued rows and the acknowledged answers in one transaction, publish the
-        replies held for those rows, then send the acknowledgements queued behind them."""
-        assert self.journal is not None  # the thread runs only with a journal
+        """Take what is queued and the acknowledged answers, write them (``_write``), then
+        wake those waiting to ``settle``."""
         answers: list[tuple[Key, Answer]] = []
         with self._lock:
             batch = list(self._queue)
             self._queue.clear()
+            self._committing = True
             while self._acked:
                 entry = self._awaiting.pop(self._acked.popleft(), None)
                 if entry is not None:
                     answers.append(entry)
+        try:
+            self._write(batch, answers)
+        finally:
+            with self._lock:
+                self._committing = False
+                self._settled.notify_all()
+
+    def _write(self, batch: list[_Row | _Ack], answers: list[tuple[Key, Answer]]) -> None:
+        """Commit the rows and answers in one transaction, publish the replies held for those
+        rows, then send the acknowledgements queued behind them."""
+        assert self.journal is not None  # the thread runs only with a journal
         if not batch and not answers:
             return
         rows = [e for e in batch if isinstance(e, _Row)]

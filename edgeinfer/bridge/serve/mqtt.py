@@ -200,6 +200,7 @@ class Bridge:
         if self.deployer is not None:
             self.deployer.stop()
         self.worker.stop(timeout_s=timeout_s)
+        self.delivery.settle(timeout_s=timeout_s)  # the replies held for a commit go out too
         if self._availability is not None:
             self._availability.stop(timeout_s=timeout_s)
         if self._state.connected.is_set():
