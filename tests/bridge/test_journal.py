@@ -4,6 +4,7 @@ that an answer is kept only once the broker acknowledged it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import threading
@@ -311,3 +312,25 @@ def test_a_row_that_cannot_be_written_is_still_answered_and_acknowledged(tmp_pat
     assert [json.loads(out.payload)["id"] for _, out in wire.sent] == ["r1"]
     assert delivery.snapshot()["in_flight"] == 0 and delivery.counts["recorded"] == 0
     delivery.stop()
+
+
+def test_the_brokers_redelivery_of_a_known_request_is_dropped_a_clients_re_send_replayed(
+    tmp_path: Path,
+) -> None:
+    """A bridge killed between a row's commit and its PUBACK gets the request again from the
+    broker (DUP set) after the restart, which runs it from the journal anyway: one answer."""
+    path, wire = tmp_path / "j.sqlite3", Wire()
+    journal = Journal(path)
+    journal.record((REPLY, "m", "open"), _inbound("open"))  # pending: re-run at the start
+    journal.record((REPLY, "m", "done"), _inbound("done"))
+    final = b'{"v": 1, "id": "done", "ok": true}'
+    journal.answer([((REPLY, "m", "done"), Answer("json", final))], now_ms=NOW_MS)
+    delivery = wire.delivery(journal)
+    assert delivery.restart() == 1
+    for rid in ("open", "done"):
+        again = dataclasses.replace(_inbound(rid), redelivered=True)
+        delivery.accept(again, _decode(again), 1)
+    assert [r.id for r in wire.submitted if isinstance(r, proto.Request)] == ["open"]  # the start
+    assert wire.sent == [] and delivery.counts["redelivery_dropped"] == 2
+    _accept(delivery, _inbound("done"))  # the client re-sends: it may have missed the reply
+    assert [r["id"] for r in wire.replies()] == ["done"] and wire.replies()[0]["replay"]

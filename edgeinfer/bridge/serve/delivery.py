@@ -14,7 +14,10 @@ has the row (the next start runs it again). Without the journal's thread running
 A duplicate of a pending request goes to the worker, whose store drops it (its one answer is on
 the way) or replays the answer it just gave; a duplicate of an answered one is answered from
 the journal (``"replay": true``; an answer that was an error runs it again, as the in-memory
-store does). ``restart`` re-submits what a killed bridge had recorded but not answered; one
+store does). A broker's redelivery (DUP: our PUBACK never reached it, say the bridge was killed
+between the commit and the PUBACK) of a pending or answered request is dropped: the client sent
+it once, and its one answer went or goes out (a client's re-send of the id gets the replay).
+``restart`` re-submits what a killed bridge had recorded but not answered; one
 re-run ``max_starts`` times without an answer (it may be what kills the bridge) is answered
 ``internal`` instead, and one whose v5 message expiry passed ``deadline_exceeded``. A row that
 cannot be written (a full or broken disk) is logged; its request is answered unjournaled.
@@ -122,7 +125,8 @@ class Delivery:
         self._wake = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="edgeinfer-journal", daemon=True)
-        self.counts = {"recorded": 0, "replayed": 0, "answered": 0, "expired": 0}
+        names = ("recorded", "replayed", "answered", "expired", "redelivery_dropped")
+        self.counts = dict.fromkeys(names, 0)
 
     # -- requests coming in (paho's thread) ---------------------------------------------------
     def accept(self, inbound: Inbound, decoded: proto.Request | proto.ErrorReply, qos: int) -> None:
@@ -136,10 +140,14 @@ class Delivery:
         with self._lock:
             running = key in self._live
         known = True if running else self.journal.lookup(key)
+        answered = isinstance(known, Answer) and _succeeded(known)
+        if inbound.redelivered and (known is True or answered):
+            self.counts["redelivery_dropped"] += 1  # the one answer went, or goes, out
+            return
         if known is True:  # running (the worker has it, re-submitted at start if need be)
             self._submit(decoded)  # so the worker's store drops it, or replays its answer
             return
-        if isinstance(known, Answer) and _succeeded(known):
+        if isinstance(known, Answer) and answered:
             if self._reused(decoded):
                 message = (
                     f"id {decoded.id!r} was already used for a different request from this "

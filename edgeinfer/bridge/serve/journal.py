@@ -55,7 +55,9 @@ _LENGTH = struct.Struct(">I")
 
 @dataclass(frozen=True)
 class Inbound:
-    """One request message as it came off the wire: enough to decode and answer it again."""
+    """One request message as it came off the wire: enough to decode and answer it again.
+    ``redelivered``: the broker sent it before (MQTT's DUP flag: the PUBACK never reached it);
+    not kept in the journal."""
 
     topic: str
     payload: bytes
@@ -65,6 +67,7 @@ class Inbound:
     user_properties: tuple[tuple[str, str], ...] = ()
     message_expiry_s: int | None = None
     received_ms: float = 0.0
+    redelivered: bool = False
 
     @classmethod
     def of(cls, message: Any, *, received_ms: float) -> Inbound:
@@ -82,6 +85,7 @@ class Inbound:
             user_properties=tuple((str(k), str(v)) for k, v in users),
             message_expiry_s=None if expiry is None else int(expiry),
             received_ms=received_ms,
+            redelivered=bool(getattr(message, "dup", False)),
         )
 
     @property
