@@ -1,9 +1,9 @@
 """edgeinfer: fast, small, reliable inference on edge devices.
 
 The public API: ``load()`` a package written by ``edgeinfer export``; it returns the class of
-the package's kind (``EmbedModel``, ``ClassifyModel``, ``DetectModel``, ``RawModel``,
-``GenerateModel``; ``Model`` is their base) with that kind's calls. Importing this module loads
-no torch, transformers, optimum or onnx.
+the package's kind (``EmbedModel``, ``ClassifyModel``, ``DetectModel``, ``SegmentModel``,
+``RawModel``, ``GenerateModel``; ``Model`` is their base) with that kind's calls. Importing
+this module loads no torch, transformers, optimum or onnx.
 """
 
 from edgeinfer.config import (
@@ -57,6 +57,8 @@ from edgeinfer.runtime import (
     MetricsSnapshot,
     Model,
     RawModel,
+    Segment,
+    SegmentModel,
     TextChunk,
     load,
     render_prometheus,
@@ -108,6 +110,8 @@ __all__ = [
     "RequestTimeoutError",
     "RuntimeConfig",
     "SamplingConfig",
+    "Segment",
+    "SegmentModel",
     "SemanticCacheConfig",
     "SlowerQuantizationError",
     "TextChunk",

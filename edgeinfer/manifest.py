@@ -51,8 +51,8 @@ MAX_MANIFEST_DEPTH = 32
 # manifest ``extra`` key: the TensorRT engine cache folder, relative to the package.
 ENGINE_CACHE_DIR_KEY = "engine_cache_dir"
 DEFAULT_ENGINE_CACHE_DIR = "trt_engines"
-Task = Literal["embed", "classify", "generate", "raw", "detect"]
-TASKS: tuple[str, ...] = ("embed", "classify", "generate", "raw", "detect")
+Task = Literal["embed", "classify", "generate", "raw", "detect", "segment"]
+TASKS: tuple[str, ...] = ("embed", "classify", "generate", "raw", "detect", "segment")
 _CHUNK_BYTES = 1 << 20
 IO = TypeVar("IO")
 

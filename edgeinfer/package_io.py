@@ -12,6 +12,7 @@ Kinds::
     exit-segments     one graph per block of layers with exit heads (texts or images)
     image-classifier  one graph, pixels in -> labels with probabilities
     image-detector    one YOLO-style graph, pixels in -> boxes, labels, scores (NMS on device)
+    image-segmenter   one graph, pixels in -> masks: YOLO-seg instances or per-pixel classes
     decoder           one decoder graph with past/present KV + tokenizer -> generated text
     raw               any graph: named tensors in and out, state carried per stream
 """
@@ -32,6 +33,7 @@ __all__ = [
     "ExitSegmentsIO",
     "ImageClassifierIO",
     "ImageDetectorIO",
+    "ImageSegmenterIO",
     "ImageSpec",
     "PackageIO",
     "RawIO",
@@ -83,6 +85,7 @@ class ImageSpec:
     shorter_side: int | None = None
     interpolation: Literal["bilinear", "bicubic", "lanczos"] = "bilinear"
     pad: Literal["center", "top-left"] = "center"
+    fill: int = 114  # ultralytics' letterbox gray
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,9 @@ class ImageDetectorIO:
     relative to their grid cells: ``runtime/detect.py``);
     ``image`` says how pixels become its input ("letterbox" or "stretch"); NMS keeps
     detections of ``score_threshold`` or more, overlapping by at most ``iou_threshold`` per
-    label, ``max_detections`` per image."""
+    label (across labels when ``agnostic``), ``max_detections`` per image. The defaults are
+    ultralytics' (``predict``: conf 0.25, iou 0.45 in its ONNX examples, max_det 300,
+    class-aware)."""
 
     kind: ClassVar[str] = "image-detector"
     graph: str
@@ -173,6 +178,33 @@ class ImageDetectorIO:
     score_threshold: float = 0.25  # ultralytics' default
     iou_threshold: float = 0.45  # ultralytics' default
     max_detections: int = 300  # ultralytics' default
+    agnostic: bool = False  # ultralytics' default: class-aware
+
+
+@dataclass(frozen=True)
+class ImageSegmenterIO:
+    """Images -> masks in the picture's pixels. ``mode`` "instances": a YOLO-seg graph whose
+    first output is a YOLO head (``layout``) with ``coefficients`` mask rows after the class
+    scores and whose ``prototypes`` output [1, K, h, w] they weigh; boxes, labels and scores
+    after NMS (as ``ImageDetectorIO``), each with its mask (sigmoid >= ``mask_threshold``,
+    cropped to its box). "semantic": the first output scores every pixel [1, C, h, w]; each
+    label present is one mask (the pixels whose best class it is)."""
+
+    kind: ClassVar[str] = "image-segmenter"
+    graph: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    labels: tuple[str, ...]
+    image: ImageSpec
+    mode: Literal["instances", "semantic"]
+    layout: Literal["attributes-first", "anchors-first"] | None = None
+    coefficients: int = 0
+    prototypes: str | None = None
+    score_threshold: float = 0.25  # ultralytics' default
+    iou_threshold: float = 0.45  # ultralytics' default
+    max_detections: int = 300  # ultralytics' default
+    agnostic: bool = False  # ultralytics' default: class-aware
+    mask_threshold: float = 0.5  # ultralytics' (sigmoid of the mask logit)
 
 
 @dataclass(frozen=True)
@@ -244,6 +276,7 @@ PackageIO = Union[  # noqa: UP007  # a runtime value (typing.get_args), not only
     ExitSegmentsIO,
     ImageClassifierIO,
     ImageDetectorIO,
+    ImageSegmenterIO,
     DecoderIO,
     RawIO,
 ]

@@ -349,3 +349,144 @@ def one_sensitive_node(path: Path, *, classes: int = 3) -> Path:
         initializer=[numpy_helper.from_array(wide, "W1"), numpy_helper.from_array(head, "W2")],
     )
     return _save(graph, path)
+
+
+def yolo_seg_like(
+    path: Path, *, classes: int = 1, coefficients: int = 4, size: int = 32,
+    metadata: dict[str, str] | None = None,
+) -> Path:  # fmt: skip
+    """A YOLOv8-seg layout: images [1, 3, size, size] -> output0 [1, 4+C+K, size^2] (one anchor
+    per pixel: cx = 32 x R, cy = 32 x G, w = h = 8 x B + 4, class k's sigmoid(4 x channel k -
+    2), then K mask coefficients 3 x channel - 1.5, unbounded) and output1 mask prototypes
+    [1, K, size/4, size/4] (a 1x1 convolution of the 4x4-pooled picture), as ultralytics'
+    ``-seg`` exports lay them out."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    attributes, anchors, side = 4 + classes + coefficients, size * size, size // 4
+    weight = np.zeros((3, attributes), np.float32)
+    weight[0, 0], weight[1, 1], weight[2, 2], weight[2, 3] = 32.0, 32.0, 8.0, 8.0
+    weight[:, 4 : 4 + classes] = np.eye(3, classes, dtype=np.float32) * 4.0
+    rng = np.random.default_rng(7)
+    weight[:, 4 + classes :] = rng.normal(size=(3, coefficients)) * 3.0
+    bias = np.array([0, 0, 4, 4] + [-2.0] * classes + [-1.5] * coefficients, np.float32)
+    protos = (rng.normal(size=(coefficients, 3, 1, 1)) * 4.0).astype(np.float32)
+    cut = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+           [("s0", [0]), ("s4", [4]), ("sc", [4 + classes]), ("s_end", [attributes]),
+            ("axis", [2])]]  # fmt: skip
+    nodes = [
+        helper.make_node("Reshape", ["images", "flat"], ["pixels"]),
+        helper.make_node("Transpose", ["pixels"], ["anchors"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["anchors", "W"], ["mixed"]),
+        helper.make_node("Add", ["mixed", "B"], ["raw"]),
+        helper.make_node("Slice", ["raw", "s0", "s4", "axis"], ["boxes"]),
+        helper.make_node("Slice", ["raw", "s4", "sc", "axis"], ["logits"]),
+        helper.make_node("Slice", ["raw", "sc", "s_end", "axis"], ["coefs"]),
+        helper.make_node("Sigmoid", ["logits"], ["scores"]),
+        helper.make_node("Concat", ["boxes", "scores", "coefs"], ["joined"], axis=2),
+        helper.make_node("Transpose", ["joined"], ["output0"], perm=[0, 2, 1]),
+        helper.make_node(
+            "AveragePool", ["images"], ["pooled"], kernel_shape=[4, 4], strides=[4, 4]
+        ),
+        helper.make_node("Conv", ["pooled", "P"], ["output1"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "yolo_seg_like",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])],
+        [
+            helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, attributes, anchors]),
+            helper.make_tensor_value_info(
+                "output1", TensorProto.FLOAT, [1, coefficients, side, side]
+            ),
+        ],
+        initializer=[
+            numpy_helper.from_array(weight, "W"),
+            numpy_helper.from_array(bias, "B"),
+            numpy_helper.from_array(protos, "P"),
+            numpy_helper.from_array(np.array([1, 3, anchors], np.int64), "flat"),
+            *cut,
+        ],
+    )
+    return _save_with_metadata(graph, path, metadata)
+
+
+def _save_with_metadata(graph: object, path: Path, metadata: dict[str, str] | None) -> Path:
+    """``_save``, then the model's ``metadata_props`` (ultralytics writes task, imgsz, names)."""
+    import onnx
+    from onnx import helper
+
+    _save(graph, path)
+    if metadata:
+        model = onnx.load(str(path))
+        helper.set_model_props(model, metadata)
+        onnx.save(model, str(path))
+    return path
+
+
+def dynamic_yolo(
+    path: Path, *, classes: int = 3, metadata: dict[str, str] | None = None, sigmoid: bool = True
+) -> Path:
+    """``yolo_like`` as users export it with ``dynamic=True``: images [1, 3, height, width]
+    of any size -> output0 [1, 4+C, anchors], one anchor per pixel, class k's sigmoid(8 x
+    channel k - 5 - 0.3 k) (shape inference resolves
+    ``anchors`` once the input is fixed); ``sigmoid`` False leaves the class rows as logits
+    (what a head that is not a detector's holds)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    attributes = 4 + classes
+    weight = np.zeros((3, attributes), np.float32)
+    weight[0, 0], weight[1, 1], weight[2, 2], weight[2, 3] = 32.0, 32.0, 8.0, 8.0
+    weight[:, 4:] = np.eye(3, classes, dtype=np.float32) * 8.0
+    # class biases apart, so a gray pixel (R = G = B) does not tie its classes, and low enough
+    # that a letterbox's gray border scores under 0.25: thousands of equal anchors would leave
+    # NMS's order to the last bit of an optimized graph's arithmetic
+    bias = np.array([0, 0, 4, 4] + [-5.0 - 0.3 * k for k in range(classes)], np.float32)
+    nodes = [
+        helper.make_node("Reshape", ["images", "flat"], ["pixels"]),  # [1, 3, H x W]
+        helper.make_node("Transpose", ["pixels"], ["anchors"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["anchors", "W"], ["mixed"]),
+        helper.make_node("Add", ["mixed", "B"], ["raw"]),
+        helper.make_node("Split", ["raw", "split"], ["boxes", "logits"], axis=2),
+        helper.make_node("Sigmoid" if sigmoid else "Identity", ["logits"], ["scores"]),
+        helper.make_node("Concat", ["boxes", "scores"], ["joined"], axis=2),
+        helper.make_node("Transpose", ["joined"], ["output0"], perm=[0, 2, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "dynamic_yolo",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, "height", "width"])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, attributes, "anchors"])],
+        initializer=[
+            numpy_helper.from_array(weight, "W"),
+            numpy_helper.from_array(bias, "B"),
+            numpy_helper.from_array(np.array([1, 3, -1], np.int64), "flat"),
+            numpy_helper.from_array(np.array([4, classes], np.int64), "split"),
+        ],
+    )
+    return _save_with_metadata(graph, path, metadata)
+
+
+def semantic_like(path: Path, *, classes: int = 3, size: int = 32) -> Path:
+    """A per-pixel classifier: images [1, 3, size, size] -> logits [1, C, size/2, size/2]
+    (a 1x1 convolution of the 2x2-pooled picture: class k leads where channel k is bright)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = (np.eye(classes, 3, dtype=np.float32) * 8.0)[:, :, None, None]
+    bias = np.full(classes, -2.0, np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "AveragePool", ["image"], ["pooled"], kernel_shape=[2, 2], strides=[2, 2]
+            ),
+            helper.make_node("Conv", ["pooled", "W", "B"], ["logits"]),
+        ],
+        "semantic_like",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
+        [
+            helper.make_tensor_value_info(
+                "logits", TensorProto.FLOAT, [1, classes, size // 2, size // 2]
+            )
+        ],
+        initializer=[numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "B")],
+    )
+    return _save(graph, path)

@@ -23,6 +23,7 @@ from edgeinfer.cli import (
     inspect_cmd,
     profile_cmd,
     request_cmd,
+    segment_cmd,
     serve_cmd,
     sign_cmd,
 )
@@ -54,6 +55,7 @@ app.command("inspect")(inspect_cmd.inspect)
 app.command("generate")(generate_cmd.generate)
 app.command("classify")(classify_cmd.classify)
 app.command("detect")(detect_cmd.detect)
+app.command("segment")(segment_cmd.segment)
 app.command("serve")(serve_cmd.serve)
 app.command("request")(request_cmd.request)
 app.command("bench")(bench_cmd.bench)

@@ -25,6 +25,7 @@ class TaskChoice(str, Enum):
     generate = "generate"
     raw = "raw"
     detect = "detect"
+    segment = "segment"
 
 
 class QuantChoice(str, Enum):
@@ -106,7 +107,14 @@ def export(
         list[str] | None,
         typer.Option(
             help="ONNX image graphs: preprocessing KEY=VALUE (color, mean, std, resize, "
-            "shorter_side, interpolation, pad; repeatable; docs/onnx.md)"
+            "shorter_side, interpolation, pad, fill, size=WxH; repeatable; docs/onnx.md)"
+        ),
+    ] = None,
+    nms: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="ONNX detectors: non-maximum suppression KEY=VALUE (score, iou, max, agnostic; "
+            "repeatable; default ultralytics': 0.25, 0.45, 300, class-aware)"
         ),
     ] = None,
     max_accuracy_loss: Annotated[
@@ -195,10 +203,10 @@ def export(
     elif variants or kv_dtype:
         names = tuple(v.strip() for v in variants.split(",") if v) if variants else None
         builder = DecoderOptions(variants=names, kv_dtype=kv_dtype or "float32")
-    if labels is not None or state or metric or image:
+    if labels is not None or state or metric or image or nms:
         if builder is not None:
             raise ConfigError(
-                "--labels, --state, --metric and --image export ONNX files: drop "
+                "--labels, --state, --metric, --image and --nms export ONNX files: drop "
                 "--early-exit, --variants and --distill-layers"
             )
         builder = OnnxFileOptions(
@@ -206,6 +214,7 @@ def export(
             state=tuple(state or ()),
             metrics=tuple(metric or ()),
             image=tuple(image or ()),
+            nms=tuple(nms or ()),
         )
     options = ExportOptions(
         source=source,

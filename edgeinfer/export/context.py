@@ -222,9 +222,13 @@ class ExportContext:
             self.progress(name, seconds)
 
     def add(self, candidate: Candidate) -> Candidate:
-        """Register a candidate (its report entry starts with its precision)."""
+        """Register a candidate (its report entry starts with its precision and, when it has
+        any, its quantization: mode, calibration, share of int8 MACs)."""
         self.candidates[candidate.name] = candidate
-        self.report.variants.setdefault(candidate.name, {})["precision"] = candidate.precision
+        entry = self.report.variants.setdefault(candidate.name, {})
+        entry["precision"] = candidate.precision
+        if candidate.quantization:
+            entry["quantization"] = candidate.quantization
         return candidate
 
     def note(self, name: str, **details: Any) -> None:
@@ -239,9 +243,11 @@ class ExportContext:
         beside the verdict's in the report; record it (on the candidate and in the report)
         and return it."""
         loss = self.max_accuracy_loss
+        # a quantized variant passes on enough evidence only; an fp32 rewrite needs none
+        weak = verdict.weak and candidate.precision != "fp32"
         quality = Quality(
             metric=verdict.metric,
-            passed=verdict.passes(loss),
+            passed=verdict.passes(loss) and not weak,
             score=verdict.mean,
             summary=summary,
             details={**verdict.to_dict(loss), **details},

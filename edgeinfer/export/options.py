@@ -20,7 +20,7 @@ __all__ = [
     "ShrinkOptions",
 ]
 
-TASKS = ("auto", "embed", "classify", "generate", "raw", "detect")
+TASKS = ("auto", "embed", "classify", "generate", "raw", "detect", "segment")
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,16 @@ class ShrinkOptions:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
-# The keys of a recipe's [onnx.image] table (export/vision/preprocessing.py).
-_IMAGE_KEYS = ("color", "mean", "std", "resize", "shorter_side", "interpolation", "pad")
+# The keys of a recipe's [onnx.image] table (export/vision/preprocessing.py); ``size`` (WxH)
+# fixes a graph's dynamic input, ``fill`` is a letterbox's border value (detect, segment).
+_IMAGE_KEYS = (
+    "color", "mean", "std", "resize", "shorter_side", "interpolation", "pad", "size", "fill",
+)  # fmt: skip
+# ``--nms KEY=VALUE`` of a detector: the ImageDetectorIO field each key sets.
+NMS_KEYS = {
+    "score": "score_threshold", "iou": "iou_threshold", "max": "max_detections",
+    "agnostic": "agnostic",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -134,13 +142,17 @@ class OnnxFileOptions:
             ``sequence:BLANK`` names the CTC blank); empty: chosen from the outputs.
         image: ``KEY=VALUE`` preprocessing of an image graph, over the recipe's or the
             default (``color``, ``mean``/``std`` as comma-separated 0-255 values, ``resize``,
-            ``shorter_side``, ``interpolation``, ``pad``; docs/onnx.md).
+            ``shorter_side``, ``interpolation``, ``pad``, ``fill``, ``size`` WxH for a graph
+            of any size; docs/onnx.md).
+        nms: ``KEY=VALUE`` non-maximum suppression of a detector (``score``, ``iou``, ``max``,
+            ``agnostic``); empty: ultralytics' defaults (0.25, 0.45, 300, class-aware).
     """
 
     labels: Path | None = None
     state: tuple[str, ...] = ()
     metrics: tuple[str, ...] = ()
     image: tuple[str, ...] = ()
+    nms: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for item in self.state:
@@ -148,6 +160,7 @@ class OnnxFileOptions:
                 raise ConfigError(f"state {item!r} must be INPUT=OUTPUT")
         parse_declared(self.metrics)
         self.image_table()
+        self.nms_table()
 
     def image_table(self) -> dict[str, Any]:
         """``image`` as a recipe's ``[onnx.image]`` table."""
@@ -164,11 +177,54 @@ class OnnxFileOptions:
                     table[key] = [float(v) for v in value.split(",")]
                 elif key == "shorter_side":
                     table[key] = int(value)
+                elif key == "size":
+                    table[key] = _size(value)
+                elif key == "fill":
+                    table[key] = _bounded(int(value), 0, 255, item)
                 else:
                     table[key] = value.strip()
             except ValueError as exc:
                 raise ConfigError(f"--image {item!r}: {exc}") from exc
         return table
+
+    def nms_table(self) -> dict[str, Any]:
+        """``nms`` as ``ImageDetectorIO`` fields."""
+        table: dict[str, Any] = {}
+        for item in self.nms:
+            key, _, value = item.partition("=")
+            field_name = NMS_KEYS.get(key.strip())
+            if field_name is None or not value.strip():
+                raise ConfigError(
+                    f"--nms {item!r} must be KEY=VALUE with KEY one of {', '.join(NMS_KEYS)}"
+                )
+            try:
+                if key == "agnostic":
+                    if value.strip().lower() not in ("true", "false", "1", "0"):
+                        raise ValueError("agnostic is true or false")
+                    table[field_name] = value.strip().lower() in ("true", "1")
+                elif key == "max":
+                    table[field_name] = _bounded(int(value), 1, 100_000, item)
+                else:
+                    table[field_name] = _bounded(float(value), 0.0, 1.0, item)
+            except ValueError as exc:
+                raise ConfigError(f"--nms {item!r}: {exc}") from exc
+        return table
+
+
+def _size(value: str) -> list[int]:
+    """``WxH`` as [height, width]."""
+    width, sep, height = value.strip().lower().partition("x")
+    if not sep:
+        raise ValueError("size is WIDTHxHEIGHT, e.g. size=640x640")
+    dims = [_bounded(int(height), 1, 8192, value), _bounded(int(width), 1, 8192, value)]
+    return dims
+
+
+def _bounded(value: Any, low: Any, high: Any, item: str) -> Any:
+    """``value`` when ``low <= value <= high`` (NaN never is), else ``ValueError``."""
+    if not low <= value <= high:
+        raise ValueError(f"{value} is outside [{low}, {high}]")
+    return value
 
 
 BuilderOptions = Union[EarlyExitOptions, DecoderOptions, OnnxFileOptions, ShrinkOptions]  # noqa: UP007

@@ -8,6 +8,7 @@ from edgeinfer.runtime.kinds.early_exit import ExitPolicy
 from edgeinfer.runtime.kinds.embed import EmbedModel
 from edgeinfer.runtime.kinds.generate import GenerateModel
 from edgeinfer.runtime.kinds.raw import RawModel
+from edgeinfer.runtime.kinds.segment import Segment, SegmentModel
 from edgeinfer.runtime.metrics import MetricsSnapshot, render_prometheus
 from edgeinfer.runtime.model import Model, load
 from edgeinfer.runtime.tasks import ClassificationResult, Detection, EmbeddingResult
@@ -25,6 +26,8 @@ __all__ = [
     "MetricsSnapshot",
     "Model",
     "RawModel",
+    "Segment",
+    "SegmentModel",
     "TextChunk",
     "load",
     "render_prometheus",

@@ -31,12 +31,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgeinfer.errors import PackageError
-from edgeinfer.package_io import DecoderIO, ImageClassifierIO, ImageDetectorIO, RawIO
+from edgeinfer.package_io import (
+    DecoderIO,
+    ImageClassifierIO,
+    ImageDetectorIO,
+    ImageSegmenterIO,
+    RawIO,
+)
 from edgeinfer.runtime.kinds.classify import ClassifyModel
 from edgeinfer.runtime.kinds.detect import DetectModel
 from edgeinfer.runtime.kinds.embed import EmbedModel
 from edgeinfer.runtime.kinds.generate import GenerateModel
 from edgeinfer.runtime.kinds.raw import RawModel
+from edgeinfer.runtime.kinds.segment import SegmentModel
 from edgeinfer.runtime.model import narrow
 
 if TYPE_CHECKING:
@@ -74,7 +81,7 @@ def record(model: Model, inputs: Sequence[Any]) -> tuple[dict[str, Any], dict[st
         cases = _greedy_cases(model, [str(p) for p in inputs])
     elif isinstance(io, RawIO):
         cases = _raw_cases(model, inputs, arrays)
-    elif isinstance(io, ImageDetectorIO):
+    elif isinstance(io, (ImageDetectorIO, ImageSegmenterIO)):
         cases = _detection_cases(model, inputs)
     elif isinstance(model, EmbedModel):
         vectors = model.embed([str(t) for t in inputs[:_CASES]])
@@ -234,12 +241,19 @@ def _check_outputs(
     return None
 
 
+def _found(model: Model, picture: np.ndarray) -> list[Any]:
+    """A detector's detections or a segmenter's masks (each with a box, label, score)."""
+    if isinstance(model, SegmentModel):
+        return list(model.segment(picture)[0])
+    return list(narrow(model, DetectModel).detect(picture)[0])
+
+
 def _detection_cases(model: Model, inputs: Sequence[Any]) -> list[dict[str, Any]]:
-    """Pictures with their best detection (None: nothing found)."""
+    """Pictures with their best detection or mask (None: nothing found)."""
     cases = []
     for item in inputs[:_CASES]:
         case = _encode(model, item)
-        found = narrow(model, DetectModel).detect(_input(model, case)[0])[0]
+        found = _found(model, _input(model, case)[0])
         best = found[0] if found else None
         cases.append(
             {**case, "detection": None if best is None else {
@@ -254,9 +268,10 @@ def _check_detection(model: Model, case: dict[str, Any]) -> str | None:
     label, IoU >= 0.5; any other case only has to run."""
     from edgeinfer.runtime.kinds.detect import iou
 
-    found = narrow(model, DetectModel).detect(_input(model, case)[0])[0]
+    found = _found(model, _input(model, case)[0])
     best = case["detection"]
-    threshold = model.manifest.io_as(ImageDetectorIO).score_threshold
+    io = model.manifest.io
+    threshold = io.score_threshold if isinstance(io, (ImageDetectorIO, ImageSegmenterIO)) else 0.0
     if best is None or float(best["score"]) < threshold + DECIDED:
         return None
     want = np.asarray(best["box"], np.float32)
@@ -313,7 +328,7 @@ def _input(model: Model, case: dict[str, Any]) -> Any:
     if case["dtype"] == "unit-float":  # float intensities, stored at full size
         return (raw.astype(np.float32) / 255.0)[None]
     io = model.manifest.io
-    if not isinstance(io, (ImageClassifierIO, ImageDetectorIO)):
+    if not isinstance(io, (ImageClassifierIO, ImageDetectorIO, ImageSegmenterIO)):
         raise PackageError(f"{model.path.name}: an image smoke case for a non-image package")
     height, width = io.image.height, io.image.width
     big = np.repeat(np.repeat(raw, THUMBNAIL, axis=0), THUMBNAIL, axis=1)[:height, :width]

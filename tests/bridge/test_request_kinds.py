@@ -168,6 +168,52 @@ def test_a_frame_to_a_detector_is_answered_with_its_detections(
     np.testing.assert_allclose(boxes, [d.box for d in want], rtol=1e-5)
 
 
+def _png(photo: np.ndarray) -> dict[str, Any]:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(photo).save(buffer, format="PNG")
+    return {"format": "png", "data": buffer.getvalue()}
+
+
+@pytest.mark.slow  # it exports the segmenter in its body
+def test_frames_to_a_segmenter_are_answered_with_run_length_masks_to_each_client(
+    serve: Any, peer: PahoPeer, broker: Mosquitto, tmp_path: Path
+) -> None:
+    from onnx_models import yolo_seg_like
+
+    from edgeinfer.export.options import ExportOptions
+    from edgeinfer.export.run import export
+
+    graph = yolo_seg_like(tmp_path / "seg.onnx")
+    export(ExportOptions(source=str(graph), out=tmp_path / "seg", task="segment",
+                         quantize="none", held_count=4))  # fmt: skip
+    model = edgeinfer.load(tmp_path / "seg", threads=1)
+    serve("porch", {"seg": model})
+    other = PahoPeer(broker.port, "second-camera")
+    try:
+        rng = np.random.default_rng(2)
+        photos = [rng.integers(0, 256, size=(40, 56, 3), dtype=np.uint8) for _ in range(2)]
+        sent = [
+            (client, client.send("porch", "seg", {"id": "m1", "image": _png(photo)}), photo)
+            for client, photo in zip((peer, other), photos, strict=True)
+        ]
+        for client, correlation, photo in sent:
+            reply = client.final(correlation)
+            assert reply["ok"], reply
+            (got,) = reply["result"]
+            (want,) = model.segment(photo)
+            assert [s["label"] for s in got["segments"]] == [s.label for s in want] and want
+            for item, segment in zip(got["segments"], want, strict=True):
+                counts, (h, w) = item["mask"]["counts"], item["mask"]["size"]
+                runs = np.repeat(np.arange(len(counts)) % 2, counts).astype(bool)
+                mask = runs.reshape(w, h).T  # COCO's column-major runs
+                np.testing.assert_array_equal(mask, segment.mask)
+                assert item["offset"] == list(segment.offset)
+    finally:
+        other.close()
+
+
 # -- tensors: a stateful stream ----------------------------------------------------------------
 
 

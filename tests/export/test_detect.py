@@ -103,6 +103,66 @@ def test_image_settings_are_checked_before_the_export() -> None:
     from edgeinfer.errors import ConfigError
 
     with pytest.raises(ConfigError, match="KEY=VALUE"):
+        OnnxFileOptions(image=("height=640",))
+    with pytest.raises(ConfigError, match="WIDTHxHEIGHT"):
         OnnxFileOptions(image=("size=640",))
+    with pytest.raises(ConfigError, match="outside"):
+        OnnxFileOptions(nms=("iou=nan",))
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        OnnxFileOptions(nms=("conf=0.3",))
     with pytest.raises(ConfigError, match="mean"):
         OnnxFileOptions(image=("mean=0,zero,0",))
+
+
+def test_a_detector_of_any_size_is_fixed_at_export_and_its_nms_recorded(tmp_path: Path) -> None:
+    from onnx_models import dynamic_yolo
+
+    from edgeinfer.errors import ConfigError
+    from edgeinfer.export.run import export
+    from edgeinfer.runtime.kinds import pictures
+
+    graph = dynamic_yolo(tmp_path / "dyn.onnx")
+    with pytest.raises(ConfigError, match="--image size=WxH") as refused:
+        export(ExportOptions(source=str(graph), out=tmp_path / "no", task="detect",
+                             quantize="none", held_count=8))  # fmt: skip
+    assert len(str(refused.value)) < 200  # the fix, not the symbolic shapes of every tensor
+    out = tmp_path / "pkg"
+    settings = OnnxFileOptions(image=("size=32x24", "fill=0"), nms=("agnostic=true", "max=50"))
+    report = export(ExportOptions(source=str(graph), out=out, task="auto", quantize="none",
+                                  held_count=8, builder=settings))  # fmt: skip
+    io = json.loads((out / "manifest.json").read_text())["io"]
+    assert report.task == "detect" and io["inputs"][0]["shape"] == [1, 3, 24, 32]
+    assert io["outputs"][0]["shape"] == [1, 7, 24 * 32]  # resolved by shape inference
+    assert (io["agnostic"], io["max_detections"], io["image"]["fill"]) == (True, 50, 0)
+    spec = edgeinfer.load(out).manifest.io.image  # type: ignore[union-attr]
+    wide = np.full((10, 80, 3), 200, np.uint8)
+    assert pictures.fit(pictures.as_pil(wide, 0), spec)[0, 0].tolist() == [0, 0, 0]  # the pad
+    default = tmp_path / "meta"
+    ultralytics = {"imgsz": "[16, 16]", "task": "detect", "names": "{0: 'a', 1: 'b', 2: 'c'}"}
+    meta = dynamic_yolo(tmp_path / "meta.onnx", metadata=ultralytics)
+    export(ExportOptions(source=str(meta), out=default, task="detect", quantize="none",
+                         held_count=8))  # fmt: skip
+    io = json.loads((default / "manifest.json").read_text())["io"]
+    assert io["inputs"][0]["shape"] == [1, 3, 16, 16] and io["labels"] == ["a", "b", "c"]
+    assert (io["agnostic"], io["iou_threshold"], io["image"]["fill"]) == (False, 0.45, 114)
+
+
+def test_a_head_that_is_not_a_detector_s_is_refused_with_the_command_that_fits(
+    tmp_path: Path,
+) -> None:
+    from onnx_models import dynamic_yolo
+
+    from edgeinfer.errors import ConfigError
+    from edgeinfer.export.run import export
+
+    logits = dynamic_yolo(tmp_path / "logits.onnx", sigmoid=False)
+    with pytest.raises(ConfigError, match=r"outside \[0, 1\].*--task raw"):
+        export(ExportOptions(source=str(logits), out=tmp_path / "a", task="detect",
+                             quantize="none", held_count=8,
+                             builder=OnnxFileOptions(image=("size=16x16",))))  # fmt: skip
+    names = dynamic_yolo(tmp_path / "named.onnx", metadata={"names": "{0: 'person'}"})
+    with pytest.raises(ConfigError, match=r"metadata names 1 classes.*--task segment"):
+        export(ExportOptions(source=str(names), out=tmp_path / "b", task="detect",
+                             quantize="none", held_count=8,
+                             builder=OnnxFileOptions(image=("size=16x16",))))  # fmt: skip
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -90,7 +91,7 @@ def test_the_tensor_error_weighs_every_channel_on_its_own_scale() -> None:
     verdict = _verdict({"y": want}, {"y": got}, {"x": want})
     assert _relative_l2(want, got) < LOSS  # one L2 over the tensor hides it
     (score,) = verdict.scores
-    assert score.metric == "tensor_error" and not verdict.passes(LOSS)
+    assert score.metric == "channel_agreement" and not verdict.passes(LOSS)
     assert score.details["worst_channel"] == 1
     quiet = want.copy()
     quiet[0, 1] = 0.0  # a channel of zeros: noise of the tensor's own scale is not infinite
@@ -259,3 +260,60 @@ def test_an_old_opset_or_external_weights_export_to_static_int8(given: str, tmp_
     assert bool(upgraded) == (given == "opset-11")
     quantization = json.loads((tmp_path / "pkg" / "manifest.json").read_text())["quantization"]
     assert quantization.get("upgraded_from_opset") == (11 if given == "opset-11" else None)
+
+
+def test_hidden_states_with_a_float_mask_are_embeddings_not_ctc_text() -> None:
+    """A MiniLM-like graph fed a float attention mask [1, 1, 1, S] (additive: 0 kept, -10000
+    masked): its mask is not an image, its hidden states [1, S, D] are judged by masked
+    cosine over the kept positions."""
+    rng = np.random.default_rng(4)
+    mask = np.full((1, 1, 1, 64), -10000.0, np.float32)
+    mask[..., :9] = 0.0  # nine real tokens, the rest padding
+    feeds = {"input_ids": np.ones((1, 64), np.int64), "attention_mask": mask}
+    want = rng.normal(size=(1, 64, 384)).astype(np.float32)
+    got = want.copy()
+    got[0, 9:] = rng.normal(size=(55, 384))  # padding's states may be anything
+    (choice,) = choose(kind="raw", feeds=feeds, reference={"last_hidden_state": want},
+                       state={}, declared={})  # fmt: skip
+    assert choice.metric == "embedding" and choice.mask == "attention_mask"
+    verdict = _verdict({"last_hidden_state": want}, {"last_hidden_state": got}, feeds)
+    assert verdict.passes(LOSS) and verdict.is_parity()
+    got[0, :9] += rng.normal(size=(9, 384))  # the real tokens ruined
+    assert not _verdict({"last_hidden_state": want}, {"last_hidden_state": got}, feeds).passes(LOSS)
+
+
+def test_a_detector_verdict_on_two_detections_is_weak_and_asks_for_more_data() -> None:
+    from edgeinfer.export.gates.detections import MIN_DETECTIONS, match_f1
+    from edgeinfer.runtime.kinds.detect import Decoded
+
+    def found(count: int, shift: float = 0.0) -> Decoded:
+        boxes = np.array([[10.0 * i + shift, 0, 10.0 * i + 8 + shift, 8] for i in range(count)])
+        return Decoded(boxes.reshape(-1, 4), np.full(count, 0.9), np.zeros(count, np.int64))
+
+    thin = match_f1("out", "r", [(found(2), found(2, 0.5))] * 1, score_threshold=0.25)
+    assert thin.value == 1.0 and thin.weak  # F1 1.0 on 2 detections
+    assert "2 fp32 detections in 1 pictures" in thin.to_dict(LOSS)["decided_by"]
+    summary = Verdict((thin,)).summary(LOSS)
+    assert (
+        "weak" in summary and f"at least {MIN_DETECTIONS}" in summary and "--eval-data" in summary
+    )
+    enough = match_f1("out", "r", [(found(6), found(6, 0.5))] * 2, score_threshold=0.25)
+    assert not enough.weak and enough.passes(LOSS) and enough.items == 12
+    # the export passes no quantized variant on it, an fp32 rewrite needs no evidence
+    from edgeinfer.export.context import Candidate, ExportContext
+
+    for precision, passed in (("int8", False), ("fp32", True)):
+        candidate = Candidate(precision, precision, {}, None, {})  # type: ignore[arg-type]
+        context = SimpleNamespace(max_accuracy_loss=LOSS, note=lambda *a, **k: None)
+        quality = ExportContext.measured(context, candidate, Verdict((thin,)), "s")  # type: ignore[arg-type]
+        assert quality.passed is passed and quality.details["weak"] is True
+
+
+def test_a_fixed_length_encoder_as_embed_is_refused_with_the_way_forward(tmp_path: Path) -> None:
+    from edgeinfer.export.run import export
+
+    graph = padded_encoder(tmp_path / "encoder.onnx", length=64)
+    with pytest.raises(ConfigError, match=r"input_ids int64 \[1, 64\].*--task raw"):
+        export(ExportOptions(source=str(graph), out=tmp_path / "pkg", task="embed",
+                             quantize="none"))  # fmt: skip
+    assert not (tmp_path / "pkg").exists()

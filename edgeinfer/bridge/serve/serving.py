@@ -3,7 +3,8 @@ takes, per-device stream state for stateful models, and running one request on o
 
 Models are duck-typed (``edgeinfer.Model`` fits): ``task`` and ``manifest`` always; then
 ``embed_with_info``/``classify`` (text), ``classify`` on uint8 images (image classifiers),
-``detect`` on frames at their own size (detectors),
+``detect`` on frames at their own size (detectors), ``segment`` likewise (segmenters: masks
+as run-length counts),
 ``run(feeds, *, stream=None)`` (tensor: ``raw`` packages) or ``stream(prompt, ...)``
 (generate, see ``generation.py``).
 """
@@ -46,6 +47,7 @@ _REQUEST_KINDS = {
     "raw": "tensor",
     "image-classifier": "image",
     "image-detector": "image",
+    "image-segmenter": "image",
 }
 
 
@@ -175,6 +177,12 @@ def _detections(found: list[list[Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def _segments(found: list[list[Any]]) -> list[dict[str, Any]]:
+    """One item per image: its masks, best first, each as ``Segment.to_json`` (box in the
+    frame's pixels, the mask as COCO run-length counts over its box from ``offset``)."""
+    return [{"segments": [s.to_json() for s in image]} for image in found]
+
+
 def _tensors(outputs: Mapping[str, np.ndarray]) -> proto.Body:
     def encoder(fmt: str) -> bytes:
         binary = fmt == "msgpack"
@@ -197,6 +205,8 @@ def run_request(name: str, model: Any, request: proto.Request, streams: StreamTa
         return _labels(model.classify(list(given.texts), truncate=given.truncate))
     if isinstance(given, kinds.ImageInput) and model.manifest.io.kind == "image-detector":
         return Outcome(proto.Body(_detections(model.detect(frames_to_pictures(given.images)))))
+    if isinstance(given, kinds.ImageInput) and model.manifest.io.kind == "image-segmenter":
+        return Outcome(proto.Body(_segments(model.segment(frames_to_pictures(given.images)))))
     if isinstance(given, kinds.ImageInput):
         batch = frames_to_batch(given.images, image=_image_spec(model.manifest))  # [N, H, W, 3]
         return _labels(model.classify(batch))

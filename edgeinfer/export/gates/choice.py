@@ -51,19 +51,25 @@ class Choice:
 
 
 def _image_input(feeds: Feeds) -> str | None:
-    """The graph's image input: a float [N, 1|3, H, W] tensor."""
+    """The graph's image input: a float [N, 1|3, H, W] tensor with H, W > 1 that is not a
+    mask (a transformer's float attention mask [B, 1, 1, S] is none)."""
     for name, value in feeds.items():
         if value.dtype.kind == "f" and value.ndim == 4 and value.shape[1] in (1, 3):
-            return name
+            if min(value.shape[2:]) > 1 and "mask" not in name.lower():
+                return name
     return None
 
 
 def _mask_input(feeds: Feeds, value: np.ndarray) -> str | None:
-    """A mask input [B, S] matching token states [B, S, D]."""
+    """A mask input matching token states [B, S, D]: [B, S], or broadcast as a transformer
+    takes it ([B, 1, 1, S], 1/0 or additive 0/-inf)."""
     if value.ndim != 3:
         return None
+    batch, steps = value.shape[:2]
     for name, fed in feeds.items():
-        if "mask" in name.lower() and fed.shape == value.shape[:2]:
+        if "mask" not in name.lower() or fed.size != batch * steps:
+            continue
+        if fed.shape == value.shape[:2] or (fed.shape[0] == batch and fed.shape[-1] == steps):
             return name
     return None
 
@@ -104,8 +110,8 @@ def _auto(name: str, value: np.ndarray, feeds: Feeds, kind: str, state_of: str |
         return Choice(
             name,
             "embedding",
-            f"token states {shape} with mask input {mask}: mean-pooled over the kept positions, "
-            "then cosine",
+            f"token states {shape} with mask input {mask} {list(feeds[mask].shape)}: mean-pooled "
+            "over the kept positions, then cosine",
             mask=mask,
         )
     axis = tensors.channel_axis(tuple(value.shape))

@@ -12,10 +12,12 @@ import numpy as np
 from edgeinfer.export.gates.verdict import OutputScore, Sample
 from edgeinfer.runtime.kinds.detect import DecodeConfig, Decoded, decode, iou
 
-__all__ = ["detections", "looks_like_detections", "match_f1"]
+__all__ = ["MIN_DETECTIONS", "detections", "looks_like_detections", "match_f1"]
 
 # The usual match of detection benchmarks (PASCAL VOC, COCO's AP50).
 MATCH_IOU = 0.5
+# fp32 detections below which a detector's verdict is weak (F1 on 2 detections says nothing).
+MIN_DETECTIONS = 10
 # Box coordinates in input pixels exceed this; sigmoid scores never do.
 _PIXEL_SCALE = 1.5
 
@@ -78,6 +80,9 @@ def match_f1(
         value=f1,
         count=len(pairs),
         parity=matched == found == wanted,
+        decided_by=wanted,
+        min_items=MIN_DETECTIONS,
+        evidence=f"{wanted} fp32 detections in {len(pairs)} pictures",
         details={
             "precision": round(precision, 6),
             "recall": round(recall, 6),

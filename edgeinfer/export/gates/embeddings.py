@@ -17,11 +17,17 @@ def _pooled(values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     values = values.astype(np.float64)
     if values.ndim == 2:
         return values
-    weights = (
-        np.ones(values.shape[:2]) if mask is None else mask.reshape(values.shape[:2]).astype(float)
-    )
+    weights = np.ones(values.shape[:2]) if mask is None else _kept(mask, values.shape[:2])
     total = np.einsum("bs,bsd->bd", weights, values)
     return np.asarray(total / np.maximum(weights.sum(axis=1, keepdims=True), 1.0))
+
+
+def _kept(mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """1.0 where ``mask`` keeps a position, as [B, S]: a 1/0 mask as it is, an additive one
+    (0 kept, large negatives masked) where it is at its maximum."""
+    values = mask.reshape(shape).astype(np.float64)
+    kept = values >= values.max() if values.min() < 0 else values > 0
+    return np.asarray(kept, np.float64)
 
 
 def cosines(want: np.ndarray, got: np.ndarray) -> np.ndarray:

@@ -68,12 +68,18 @@ def top1_agreement(reference: np.ndarray, candidate: np.ndarray) -> tuple[Verdic
     agree = (reference.argmax(1) == candidate.argmax(1)).astype(np.float64)
     value = float(agree[decided].mean()) if decided.any() else 0.0
     max_diff = float(np.abs(reference - candidate).max())
+    views = np.bincount(reference.argmax(1)[decided], minlength=reference.shape[1])  # [C]
+    most = int(views.max()) if views.size else 0
     score = OutputScore(
         output="probabilities",
         metric="top1_agreement",
         reason="class probabilities: top-1 label on the views fp32 decides",
         value=value,
         count=int(decided.sum()),
+        evidence=(
+            f"{int(decided.sum())} decided views of {int((views > 0).sum())} classes "
+            f"(at most {most} of one)"
+        ),
         # with no decided input the probabilities alone show parity
         parity=(value == 1.0 or not decided.any()) and max_diff <= PARITY_MAX_PROB_DIFF,
         details={"max_prob_diff": round(max_diff, 6)},

@@ -48,6 +48,8 @@ def sequences(output: str, reason: str, samples: Sequence[Sample], *, blank: int
         value=share,
         count=len(samples),
         parity=share == 1.0 and step_agreement == 1.0,
+        decided_by=total,
+        evidence=f"{total} sequences",
         details={
             "sequences": total,
             "step_agreement": round(step_agreement, 6),

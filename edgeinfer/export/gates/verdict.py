@@ -52,6 +52,11 @@ class OutputScore:
     >= 1 - ``MIN_SLACK`` x loss) unless the metric brings its own: ``floor`` for ``value``
     (a decoder's agreement gate, an accuracy measured against fp32's own), ``worst_floor`` for
     ``worst``.
+
+    ``decided_by`` counts the items that decided it (fp32 detections or masks, decided views,
+    sequences; None: ``count``), ``evidence`` says what they are; below ``min_items`` the
+    score is weak: ``ExportContext.measured`` passes no quantized variant on it (an fp32
+    rewrite needs no evidence) and the summary asks for more data.
     """
 
     output: str
@@ -64,9 +69,23 @@ class OutputScore:
     details: dict[str, Any] = field(default_factory=dict)
     floor: float | None = None
     worst_floor: float | None = None
+    decided_by: int | None = None
+    min_items: int = 0
+    evidence: str = ""
+
+    @property
+    def items(self) -> int:
+        """How many items decided the score."""
+        return self.count if self.decided_by is None else self.decided_by
+
+    @property
+    def weak(self) -> bool:
+        """Whether too few items decided it (below ``min_items``)."""
+        return self.items < self.min_items
 
     def passes(self, max_accuracy_loss: float) -> bool:
-        """Whether the loss stays within ``max_accuracy_loss`` (a fraction, 0.01 = 1 %)."""
+        """Whether the loss stays within ``max_accuracy_loss`` (a fraction, 0.01 = 1 %); a
+        weak score's pass only holds for an fp32 rewrite (``Verdict.weak``)."""
         floor = 1.0 - max_accuracy_loss if self.floor is None else self.floor
         if self.value < floor:
             return False
@@ -84,8 +103,11 @@ class OutputScore:
             "why": self.reason,
             "value": round(self.value, 6),
             "count": self.count,
+            "decided_by": self.evidence or f"{self.items} items",
             "passed": self.passes(max_accuracy_loss),
         }
+        if self.min_items:
+            out.update(min_items=self.min_items, weak=self.weak)
         if self.worst is not None:
             out["worst"] = round(self.worst, 6)
         if self.floor is not None:
@@ -120,6 +142,11 @@ class Verdict:
         """Held items scored (the most any one score saw)."""
         return max(score.count for score in self.scores)
 
+    @property
+    def weak(self) -> bool:
+        """Whether any score was decided by fewer items than it needs."""
+        return any(score.weak for score in self.scores)
+
     def passes(self, max_accuracy_loss: float) -> bool:
         """Whether every score passes."""
         return all(score.passes(max_accuracy_loss) for score in self.scores)
@@ -133,6 +160,11 @@ class Verdict:
         parts = []
         for score in self.scores:
             mark = "" if score.passes(max_accuracy_loss) else " (fails)"
+            if score.weak:
+                mark += (
+                    f" (weak: decided by {score.evidence or score.items}, at least "
+                    f"{score.min_items} needed: give --eval-data with more)"
+                )
             worst = "" if score.worst is None else f", worst {score.worst:.4f}"
             parts.append(f"{score.output}: {score.metric} {score.value:.4f}{worst}{mark}")
         return "; ".join(parts)
@@ -145,6 +177,8 @@ class Verdict:
             "mean": round(self.mean, 6),
             "min": round(self.min, 6),
             "count": self.count,
+            "decided_by": "; ".join(s.evidence or f"{s.items} items" for s in self.scores),
+            "weak": self.weak,
             "passed": self.passes(max_accuracy_loss),
         }
         if len(self.scores) == 1 and self.metric != "per-output":

@@ -11,35 +11,55 @@ the package kind (``forms.py``): images, token ids or any tensors (``raw``).
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.config import QuantMode
 from edgeinfer.errors import ConfigError, ParityError
-from edgeinfer.export import package
+from edgeinfer.export import package, speed
 from edgeinfer.export.builder import GraphBuilder
 from edgeinfer.export.context import Candidate
 from edgeinfer.export.gates.verdict import Verdict
-from edgeinfer.export.onnx_file import user_graph
-from edgeinfer.export.onnx_file.detect import DetectForm
+from edgeinfer.export.onnx_file import evidence, macs, user_graph
+from edgeinfer.export.onnx_file.detect import DetectForm, YoloForm
 from edgeinfer.export.onnx_file.forms import Form, ImageForm, TextForm
 from edgeinfer.export.onnx_file.raw import RawForm
+from edgeinfer.export.onnx_file.segment import InstanceForm, SemanticForm
 from edgeinfer.export.options import OnnxFileOptions
 from edgeinfer.export.passes import ort_compat, quantize
 from edgeinfer.export.passes.validate import load_candidate
 from edgeinfer.package_io import PackageIO
 
-__all__ = ["OnnxFileBuilder", "detect_task"]
+__all__ = ["MIN_INT8_SHARE", "MIXED", "OnnxFileBuilder", "detect_task"]
+
+log = logging.getLogger(__name__)
+# A dynamic int8 that runs less than this share of the MACs in int8 (a CNN's classifier head
+# alone) is "mixed": neither the size nor the speed of int8.
+MIN_INT8_SHARE = 0.5
+MIXED = "mixed"
 
 
 def detect_task(inputs: Any, outputs: Any) -> str:
     """``--task auto`` for a graph: image or token-id graphs with class logits [N, C]
-    classify, token-id graphs with other outputs embed, everything else is raw."""
+    classify, image graphs with a YOLO head [1, 4+C, N] detect (segment with a mask
+    prototype output after it), token-id graphs with other outputs embed, everything else is
+    raw."""
     form = user_graph.input_form(inputs)
     logits = len(outputs) == 1 and len(outputs[0].shape) == 2
     if form == "image" and logits:
         return "classify"
+    if form == "image" and evidence.is_yolo_head(tuple(outputs[0].shape)):
+        head = tuple(outputs[0].shape)
+        rows = min(d for d in head[1:] if isinstance(d, int))
+        protos = evidence.prototype_output(tuple(outputs), rows - 5)
+        task = "segment" if protos is not None else "detect"
+        log.warning("--task auto: %s %s reads as a YOLO head: --task %s", outputs[0].name,
+                    list(head), task)  # fmt: skip
+        return task
     if form == "text":
         return "embed" if len(outputs[0].shape) == 3 else "classify"
     return "raw"
@@ -77,10 +97,11 @@ def _quantized_ops(graph: Path) -> int:
 
 
 class OnnxFileBuilder(GraphBuilder):
-    """Any ONNX graph into an image-classifier, image-detector, text or raw package."""
+    """Any ONNX graph into an image-classifier, image-detector, image-segmenter, text or raw
+    package."""
 
     name = "onnx-file"
-    tasks = ("classify", "embed", "raw", "detect")
+    tasks = ("classify", "embed", "raw", "detect", "segment")
     cpu_only = False
     options_type = OnnxFileOptions
 
@@ -92,12 +113,13 @@ class OnnxFileBuilder(GraphBuilder):
             inputs, outputs = package.read_io(original)
             self.form = self._form(inputs, outputs)
             self.form.load()
+            graph = self.form.fixed_graph(original)
             self.side_files, self.tokens = self.form.files, self.form.tokens
         with run.stage("reference"):
-            self.reference = self._evaluate(self.candidate("onnx-fp32", original, "fp32"))
+            self.reference = self._evaluate(self.candidate("onnx-fp32", graph, "fp32"))
         with run.stage("optimize"):
             fp32_graph = run.work / "fp32.onnx"
-            user_graph.optimize(original, fp32_graph)
+            user_graph.optimize(graph, fp32_graph)
             if run.quant.fixed_batch is not None and isinstance(self.form, ImageForm):
                 ort_compat.fix_batch(fp32_graph, fp32_graph, batch=run.quant.fixed_batch)
             given = self._given_integers(original)
@@ -118,12 +140,20 @@ class OnnxFileBuilder(GraphBuilder):
                 )
         if quantized:
             with run.stage("quantize"):
-                candidate = self._quantized(fp32_graph, fp32)
+                candidate = self._quantized(fp32_graph, fp32, run.quant.mode)
                 if _quantized_ops(candidate.files[package.GRAPH_NAME]) or candidate.name == "fp16":
                     self._measure(run.add(candidate))
+                    if candidate.precision == MIXED and self._can_calibrate():
+                        self._measure(run.add(self._quantized(fp32_graph, fp32, "int8-static")))
                 else:
                     fp32.requested = True
                     run.report.warnings.append(_nothing_quantized(original, run.quant.mode))
+
+    def _can_calibrate(self) -> bool:
+        """Whether static int8 can be tried beside a dynamic one that quantized little: a CPU
+        target (an accelerator's preset decides its own) and pictures to calibrate on."""
+        cpu = self.run.options.target.startswith("cpu-")
+        return cpu and isinstance(self.form, (ImageForm, YoloForm))
 
     def _given_integers(self, original: Path) -> int:
         """How many nodes of the user's graph already run in integers (0: a float graph); a
@@ -144,6 +174,9 @@ class OnnxFileBuilder(GraphBuilder):
             return RawForm(self.run, inputs, outputs)
         if task == "detect":
             return DetectForm(self.run, inputs, outputs)
+        if task == "segment":
+            yolo = evidence.is_yolo_head(tuple(outputs[0].shape))
+            return (InstanceForm if yolo else SemanticForm)(self.run, inputs, outputs)
         if form == "text":
             return TextForm(self.run, inputs, outputs)
         if form == "image" and task == "classify":
@@ -160,10 +193,13 @@ class OnnxFileBuilder(GraphBuilder):
             "--task raw"
         )
 
-    def _quantized(self, fp32_graph: Path, fp32: Candidate) -> Candidate:
+    def _quantized(self, fp32_graph: Path, fp32: Candidate, mode: QuantMode) -> Candidate:
+        """The ``mode`` variant of ``fp32_graph`` (int8 ones with their share of int8 MACs;
+        a dynamic one that leaves most of them in fp32 is ``MIXED``, not int8)."""
         run = self.run
-        quant = run.quant
-        name = "fp16" if quant.mode == "fp16" else "int8"
+        quant = run.quant if mode == run.quant.mode else replace(run.quant, mode=mode)
+        tried = mode != run.quant.mode  # static beside a dynamic that quantized little
+        name = {"fp16": "fp16", "int8": "int8"}.get(mode, "int8-static" if tried else "int8")
         graph = run.work / f"{name}.onnx"
         info: dict[str, Any] = {"mode": quant.mode}
         if quant.mode == "fp16":
@@ -182,10 +218,24 @@ class OnnxFileBuilder(GraphBuilder):
                     "(QDQ needs it); the fp32 variant keeps the original opset"
                 )
             feeds = self.form.calibration_feeds(fp32_graph, run.stage_candidate(fp32))
-            quant = run.calibrated(len(feeds))
+            quant = replace(quant, calibration_size=len(feeds))
+            if not tried:
+                run.calibrated(len(feeds))
             result = quantize.quantize_static_cnn(fp32_graph, graph, quant, feeds=feeds)
             info.update(quantize.static_info(quant, result))
-        return self.candidate(name, graph, name, requested=True, quantization=info)
+        if mode == "fp16":
+            return self.candidate(name, graph, name, requested=True, quantization=info)
+        share = macs.mac_share(graph)
+        info.update(share.to_dict())
+        precision = "int8" if share.share >= MIN_INT8_SHARE or mode != "int8" else MIXED
+        if precision == MIXED:
+            run.report.warnings.append(
+                f"dynamic int8 quantized {share.share:.1%} of the multiply-accumulates (its "
+                "convolutions stay fp32): labelled mixed, not int8"
+                + ("; int8-static tried beside it" if self._can_calibrate()
+                   else "; pass --quantize int8-static to quantize them on calibration data")
+            )  # fmt: skip
+        return self.candidate(name, graph, precision, requested=True, quantization=info)
 
     def graph_files(self, name: str, graph: Path) -> dict[str, Path]:
         """The graph and its external data files (a user's graph may keep its weights beside
@@ -218,6 +268,24 @@ class OnnxFileBuilder(GraphBuilder):
             candidate, accuracy, f"{candidate.name} {value} vs the fp32 ONNX on {where}", **details
         )
         return accuracy
+
+    def prefer(self, passing: list[Candidate]) -> Candidate:
+        """The fastest passing variant: the first, unless a later one runs faster with
+        confidence (timed in interleaved pairs on this machine)."""
+        best = passing[0]
+        for other in passing[1:]:
+            best_probe, other_probe = self.probe(best), self.probe(other)
+            if best_probe is None or other_probe is None:
+                break
+            measured = speed.compare(best_probe, other_probe)
+            faster = measured.low > 1.0
+            self.run.report.warnings.append(
+                f"{best.name} and {other.name} both pass: {other.name} runs "
+                f"{measured.ratio:.2f}x {best.name}'s speed; shipped "
+                f"{other.name if faster else best.name}"
+            )
+            best = other if faster else best
+        return best
 
     def probe(self, candidate: Candidate) -> Callable[[], object] | None:
         if not self.run.options.target.startswith("cpu-"):

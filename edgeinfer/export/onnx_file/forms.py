@@ -111,6 +111,11 @@ class Form(abc.ABC):
     def load(self) -> None:
         """Read the held (and calibration) data."""
 
+    def fixed_graph(self, original: Path) -> Path:
+        """The graph the export starts from (``load`` ran): the user's own, unless this form
+        fixes its input's dims."""
+        return original
+
     @abc.abstractmethod
     def io(self, graph: Path) -> PackageIO:
         """The package io of ``graph`` (the original or a rewritten one)."""
@@ -224,12 +229,29 @@ class ImageForm(Form):
         return list(self.held[:8])
 
 
+def _refuse_fixed_length(inputs: tuple[TensorSpec, ...], name: str) -> None:
+    """A graph whose token inputs take a fixed length (``input_ids`` [1, 64]) or a mask that is
+    not token-shaped (a float [B, 1, 1, S]) cannot take a tokenizer's rows of any length:
+    refuse with the way forward instead of onnxruntime's "Got: 4 Expected: 64"."""
+    for spec in inputs:
+        fixed = len(spec.shape) >= 2 and isinstance(spec.shape[-1], int) and spec.shape[-1] > 0
+        odd_mask = "mask" in spec.name and (len(spec.shape) != 2 or spec.dtype != "int64")
+        if fixed or odd_mask:
+            raise ConfigError(
+                f"{name}'s input {spec.name} {spec.dtype} {list(spec.shape)} is not token ids "
+                "of any length: a fixed-length graph; export it with --task raw and --eval-data "
+                "holding its inputs as it takes them (docs/onnx.md), or re-export it with a "
+                "dynamic sequence axis and int64 [batch, sequence] inputs"
+            )
+
+
 class TextForm(Form):
     """Token ids in (``input_ids``, with the folder's tokenizer.json): embeddings or labels."""
 
     def load(self) -> None:
         run, opts = self.run, self.run.options
         source = run.source
+        _refuse_fixed_length(self.inputs, str(source.onnx_file))
         if not (source.path / "tokenizer.json").is_file():
             raise ConfigError(
                 f"{source.onnx_file} takes token ids: put its tokenizer.json beside it"

@@ -21,6 +21,7 @@ __all__ = [
     "InputForm",
     "check",
     "ends_in_softmax",
+    "fix_input",
     "input_form",
     "metadata",
     "optimize",
@@ -140,6 +141,26 @@ def optimize(graph: Path, out: Path) -> None:
     """onnxruntime's hardware-independent optimizations (constant folding, redundant nodes,
     fusions every CPU runs) and shape inference: ``ort_compat.preprocess``."""
     ort_compat.preprocess_any(graph, out)
+
+
+def fix_input(graph: Path, out: Path, *, name: str, shape: tuple[int, ...]) -> None:
+    """Write ``graph`` with input ``name`` fixed to ``shape`` (its symbolic dims replaced) and
+    every output's dims resolved: ONNX shape inference, then onnxruntime's symbolic shape
+    inference for what that leaves (a YOLO head's anchors follow the input's size)."""
+    import onnx
+    from onnxruntime.tools.onnx_model_utils import fix_output_shapes, make_input_shape_fixed
+
+    model = onnx.load(str(graph))
+    make_input_shape_fixed(model.graph, name, list(shape))
+    model = onnx.shape_inference.infer_shapes(model)
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        model = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    except Exception as exc:  # its own errors on ops it does not know: ONNX's shapes stay
+        log.info("symbolic shape inference of %s failed: %s", graph.name, exc)
+    fix_output_shapes(model)
+    onnx.save(model, str(out))
 
 
 def upgrade_opset(graph: Path, out: Path) -> int | None:

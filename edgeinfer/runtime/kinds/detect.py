@@ -1,5 +1,5 @@
 """``DetectModel``: ``image-detector`` packages, detections from a YOLO-style graph output on
-the device: picture -> letterbox (or stretch) -> graph -> decode -> class-aware NMS -> boxes in
+the device: picture -> letterbox (or stretch) -> graph -> decode -> NMS -> boxes in
 the picture's own pixels.
 
 Two layouts are common in single-graph detectors (ultralytics exports):
@@ -18,6 +18,7 @@ Boxes come out as ``[K, 4]`` x1, y1, x2, y2 in the graph's input pixels, with th
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ import numpy as np
 from edgeinfer.config import RuntimeConfig
 from edgeinfer.errors import InputError
 from edgeinfer.manifest import Manifest
-from edgeinfer.package_io import ImageDetectorIO, ImageSpec
+from edgeinfer.package_io import ImageDetectorIO, ImageSegmenterIO, ImageSpec
 from edgeinfer.runtime.kinds import pictures
 from edgeinfer.runtime.model import Model
 from edgeinfer.runtime.tasks import Detection, prepare_images
@@ -39,8 +40,10 @@ __all__ = [
     "DetectModel",
     "Layout",
     "decode",
+    "decode_rows",
     "iou",
     "layout_of",
+    "nms",
     "yolox_anchors",
 ]
 
@@ -59,11 +62,19 @@ class DecodeConfig:
         iou_threshold: a box overlapping a better one of its class by more is suppressed
             (0.45: ultralytics' default).
         max_detections: detections kept per image at most (300: ultralytics' default).
+        agnostic: suppress across labels (ultralytics' ``agnostic_nms``; off by default:
+            class-aware).
     """
 
     score_threshold: float = 0.25
     iou_threshold: float = 0.45
     max_detections: int = 300
+    agnostic: bool = False
+
+    @classmethod
+    def of(cls, io: ImageDetectorIO | ImageSegmenterIO) -> DecodeConfig:
+        """NMS as a detector's or segmenter's manifest says."""
+        return cls(io.score_threshold, io.iou_threshold, io.max_detections, io.agnostic)
 
 
 @dataclass(frozen=True)
@@ -103,7 +114,8 @@ def _yolox_cells(height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
-    """Intersection over union of one xyxy box [4] with each of ``boxes`` [K, 4]."""
+    """Intersection over union of one xyxy box [4] with each of ``boxes`` [K, 4] (1.0 for an
+    equal box, of no area too)."""
     x1 = np.maximum(box[0], boxes[:, 0])
     y1 = np.maximum(box[1], boxes[:, 1])
     x2 = np.minimum(box[2], boxes[:, 2])
@@ -111,7 +123,25 @@ def iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     inter = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
     area = (box[2] - box[0]) * (box[3] - box[1])
     areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-    return np.asarray(inter / np.maximum(area + areas - inter, 1e-9))
+    union = area + areas - inter
+    # two equal boxes of no area (clipped flat at the picture's edge) are the same box
+    same = np.all(boxes == box, axis=1)
+    return np.asarray(np.where(union > 0, inter / np.maximum(union, 1e-9), same.astype(float)))
+
+
+def decode_rows(
+    anchors: np.ndarray, *, objectness: bool, config: DecodeConfig
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Anchors [N, 4+C] (or [N, 4+1+C] with ``objectness``) -> the boxes [M, 4] xyxy, scores
+    [M] and labels [M] of those scoring at least ``config.score_threshold``, and which anchors
+    they are (``keep`` [N] bool)."""
+    classes = anchors[:, 5:] * anchors[:, 4:5] if objectness else anchors[:, 4:]
+    labels = classes.argmax(axis=1)  # [N]
+    scores = classes[np.arange(len(classes)), labels]
+    keep = scores >= config.score_threshold
+    centre, size_wh = anchors[keep, :2], anchors[keep, 2:4]
+    boxes = np.concatenate([centre - size_wh / 2, centre + size_wh / 2], axis=1)
+    return boxes, scores[keep], labels[keep], keep
 
 
 def decode(
@@ -126,14 +156,6 @@ def decode(
     layout = layout or layout_of(tuple(output.shape))
     anchors = output[0].T if layout == "attributes-first" else output[0]  # [N, A]
     anchors = anchors.astype(np.float32)
-    if layout == "attributes-first":
-        classes = anchors[:, 4:]
-    else:
-        classes = anchors[:, 5:] * anchors[:, 4:5]  # objectness x class score
-    labels = classes.argmax(axis=1)  # [N]
-    scores = classes[np.arange(len(classes)), labels]
-    keep = scores >= config.score_threshold
-    centre, size_wh = anchors[keep, :2], anchors[keep, 2:4]
     if layout == "yolox":
         if size is None or yolox_anchors(*size) != len(anchors):
             raise InputError(
@@ -141,16 +163,21 @@ def decode(
                 f"(got {size}): strides 8, 16, 32 give one anchor per grid cell"
             )
         cells, strides = _yolox_cells(*size)
-        centre = (centre + cells[keep]) * strides[keep]
-        size_wh = np.exp(size_wh) * strides[keep]
-    boxes = np.concatenate([centre - size_wh / 2, centre + size_wh / 2], axis=1)
-    return _nms(boxes, scores[keep], labels[keep], config)
+        anchors = anchors.copy()
+        anchors[:, :2] = (anchors[:, :2] + cells) * strides
+        anchors[:, 2:4] = np.exp(anchors[:, 2:4]) * strides
+    boxes, scores, labels, _ = decode_rows(
+        anchors, objectness=layout != "attributes-first", config=config
+    )
+    chosen = nms(boxes, scores, labels, config)
+    return Decoded(boxes=boxes[chosen], scores=scores[chosen], labels=labels[chosen])
 
 
-def _nms(
+def nms(
     boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, config: DecodeConfig
-) -> Decoded:
-    """Class-aware non-maximum suppression, best first, at most ``max_detections``."""
+) -> np.ndarray:
+    """Non-maximum suppression (class-aware unless ``config.agnostic``): the indices kept,
+    best first, at most ``max_detections``."""
     order = np.argsort(-scores, kind="stable")
     kept: list[int] = []
     suppressed = np.zeros(len(order), bool)
@@ -161,11 +188,10 @@ def _nms(
         if len(kept) == config.max_detections:
             break
         rest = order[rank + 1 :]
-        same = labels[rest] == labels[index]
+        same = (labels[rest] == labels[index]) | config.agnostic
         overlap = iou(boxes[index], boxes[rest]) > config.iou_threshold
         suppressed[rank + 1 :] |= same & overlap
-    chosen = np.array(kept, np.int64)
-    return Decoded(boxes=boxes[chosen], scores=scores[chosen], labels=labels[chosen])
+    return np.array(kept, np.int64)
 
 
 class DetectModel(Model):
@@ -181,23 +207,16 @@ class DetectModel(Model):
         self._io = manifest.io_as(ImageDetectorIO)
         self._graph = self._open_graph(self._io.graph)
         self.providers = self._graph.providers
-        self._decoding = DecodeConfig(
-            score_threshold=self._io.score_threshold,
-            iou_threshold=self._io.iou_threshold,
-            max_detections=self._io.max_detections,
-        )
+        self._decoding = DecodeConfig.of(self._io)
 
     def detect(self, images: Any, *, score_threshold: float | None = None) -> list[list[Detection]]:
         """Each image's detections (paths, Pillow images, uint8 RGB arrays), best first, boxes
         x1, y1, x2, y2 in each image's own pixels; NMS as the manifest says
         (``score_threshold`` overrides its threshold). See docs/onnx.md."""
-        batch = isinstance(images, np.ndarray) and images.ndim == 4  # uint8 [N, H, W, 3]
-        items = list(images) if batch or isinstance(images, (list, tuple)) else [images]
-        if not items:
-            raise InputError("expected at least one image")
+        items = pictures.items(images)
         config = self._decoding
         if score_threshold is not None:
-            config = DecodeConfig(score_threshold, config.iou_threshold, config.max_detections)
+            config = dataclasses.replace(config, score_threshold=score_threshold)
         return [self._one(item, index, config) for index, item in enumerate(items)]
 
     def _one(self, item: Any, index: int, config: DecodeConfig) -> list[Detection]:

@@ -18,12 +18,20 @@ import numpy as np
 from edgeinfer.errors import InputError, MissingDependencyError
 from edgeinfer.package_io import ImageSpec
 
-__all__ = ["MAX_PIXELS", "as_pil", "fit", "is_picture", "letterbox", "pictures_to_batch", "pil"]
+__all__ = [
+    "MAX_PIXELS",
+    "as_pil",
+    "fit",
+    "is_picture",
+    "items",
+    "letterbox",
+    "pictures_to_batch",
+    "pil",
+]
 
 # Decoded pixels per picture at most (a 4096 x 4096 frame): a decompression bomb is refused
 # before it is decoded.
 MAX_PIXELS: Final = 4096 * 4096
-_PAD_GRAY: Final = 114  # the letterbox border YOLO models are trained with
 
 
 def pil() -> Any:
@@ -71,7 +79,7 @@ def fit(picture: Any, image: ImageSpec) -> np.ndarray:
     if image.resize == "letterbox":
         scale, left, top = letterbox(w, h, image)
         new_w, new_h = round(w * scale), round(h * scale)
-        canvas = np.full((height, width, 3), _PAD_GRAY, np.uint8)
+        canvas = np.full((height, width, 3), image.fill, np.uint8)
         resized = np.asarray(picture.resize((new_w, new_h), _filter(image)), np.uint8)
         canvas[top : top + new_h, left : left + new_w] = resized
         return canvas
@@ -109,6 +117,16 @@ def _open(path: str | Path) -> Any:
         raise InputError(f"image file {path} does not exist") from exc
     except Exception as exc:  # Pillow raises many types on unreadable files
         raise InputError(f"{path} is not a readable image: {type(exc).__name__}: {exc}") from exc
+
+
+def items(images: Any) -> list[Any]:
+    """One picture or many (a list, a tuple, a uint8 [N, H, W, 3] batch) as a list of
+    pictures; ``InputError`` for none."""
+    batch = isinstance(images, np.ndarray) and images.ndim == 4  # uint8 [N, H, W, 3]
+    found = list(images) if batch or isinstance(images, (list, tuple)) else [images]
+    if not found:
+        raise InputError("expected at least one image")
+    return found
 
 
 def as_pil(item: Any, index: int) -> Any:

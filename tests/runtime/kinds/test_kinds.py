@@ -19,13 +19,14 @@ from edgeinfer.package_io import IO_KINDS
 ROOT = Path(__file__).resolve().parents[3]
 
 # What load() returns for each io.kind (docs/architecture.md); a detector package's is checked
-# where tests/export/test_detect.py exports one.
+# where tests/export/test_detect.py exports one, a segmenter's in tests/export/test_segment.py.
 CLASS_OF = {
     "text-encoder": edgeinfer.EmbedModel,
     "text-classifier": edgeinfer.ClassifyModel,
     "image-classifier": edgeinfer.ClassifyModel,
     "exit-segments": edgeinfer.ClassifyModel,
     "image-detector": edgeinfer.DetectModel,
+    "image-segmenter": edgeinfer.SegmentModel,
     "decoder": edgeinfer.GenerateModel,
     "raw": edgeinfer.RawModel,
 }
