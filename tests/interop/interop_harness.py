@@ -17,14 +17,15 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from mosquitto import LOOPBACK, Mosquitto
+from mosquitto import LOOPBACK, Mosquitto, running_mosquitto
 
 HERE = Path(__file__).resolve().parent
 NODE = shutil.which("node")
@@ -132,6 +133,11 @@ class Served:
         if not online:
             pytest.fail(f"edgeinfer serve did not come online: {self.log.read_text()[-3000:]}")
 
+    def kill9(self) -> None:
+        """``kill -9``: no goodbye, the broker speaks its Wills."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -192,6 +198,19 @@ def start_member(broker: Mosquitto, package: Path, folder: Path, member: str) ->
         env={"EDGEINFER_STATE_DIR": str(folder / member)},
         status=f"edgeinfer/{DEVICE}/status/{member}",
     )
+
+
+@contextmanager
+def running_group(folder: Path, package: Path) -> Iterator[tuple[Mosquitto, dict[str, Served]]]:
+    """A mosquitto and the two members of the shared group serving ``package`` on it (a test
+    may replace a member it restarted); every member stopped afterwards."""
+    with running_mosquitto(folder / "mosquitto") as broker:
+        members = {m: start_member(broker, package, folder, m) for m in MEMBERS}
+        try:
+            yield broker, members
+        finally:
+            for served in members.values():
+                served.stop()
 
 
 def blocks() -> dict[str, tuple[str, str]]:

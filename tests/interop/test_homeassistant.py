@@ -31,7 +31,7 @@ from interop_harness import (
     SUB,
     first_messages,
     rr,
-    start_member,
+    running_group,
     start_serve,
     wait_for,
 )
@@ -224,50 +224,43 @@ def test_a_group_is_one_device_available_while_any_member_serves(
     tmp_path: Path, fast_encoder: Path
 ) -> None:
     model = fast_encoder.name
-    with running_mosquitto(tmp_path / "mosquitto") as broker:
-        members = {m: start_member(broker, fast_encoder, tmp_path, m) for m in MEMBERS}
-        try:
-            node = f"edgeinfer_edgeinfer_{DEVICE}"
-            configs = converged_configs(broker, count=8, members=2)
-            for topic, config in configs.items():
-                assert schema_errors(topic, config) == [], (topic, config)
-            assert len({c["unique_id"] for c in configs.values()}) == len(configs)
-            assert {c["device"]["identifiers"][0] for c in configs.values()} == {node}
-            statuses = [f"edgeinfer/{DEVICE}/status/{m}" for m in MEMBERS]
-            for config in configs.values():
-                assert config["availability_mode"] == "any"
-                assert [a["topic"] for a in config["availability"]] == statuses
-            by_member = {m: [c for c in configs.values() if m in c["unique_id"]] for m in MEMBERS}
-            for member, own in by_member.items():
-                assert len(own) == 4
-                metrics = first_messages(broker.port, f"edgeinfer/{DEVICE}/metrics/{member}")[0]
-                assert json.loads(metrics)["client_id"] == member
-                for config in own:
-                    assert config["state_topic"].endswith(f"/{member}")
-            group = f"edgeinfer/{DEVICE}/availability"
-            assert first_messages(broker.port, group) == [b"online"]
-            with subprocess.Popen(
-                [SUB, "-h", LOOPBACK, "-p", str(broker.port), "-t", group, "-W", str(HANG_S)],
-                stdout=subprocess.PIPE,
-            ) as sub:
-                assert sub.stdout is not None
-                assert sub.stdout.readline() == b"online\n"  # the retained one
-                members["bridge-a"].proc.send_signal(signal.SIGKILL)
-                members["bridge-a"].proc.wait()
-                # its Will says offline for the group; the member still serving puts it back
-                assert sub.stdout.readline() == b"offline\n"
-                assert sub.stdout.readline() == b"online\n"
-                sub.terminate()
-            will = first_messages(broker.port, statuses[0])[0]
-            assert json.loads(will)["state"] == "offline"
-            status_sensor = next(
-                c for c in by_member["bridge-a"] if c["name"].startswith(f"{model} status")
-            )
-            assert strict_render(status_sensor["value_template"], will) == "not served"
-            assert json.loads(strict_render(status_sensor["json_attributes_template"], will)) == {}
-            members["bridge-b"].proc.send_signal(signal.SIGKILL)
-            members["bridge-b"].proc.wait()
-            assert wait_for(broker.port, group, lambda p: p == b"offline")
-        finally:
-            for served in members.values():
-                served.stop()
+    with running_group(tmp_path, fast_encoder) as (broker, members):
+        node = f"edgeinfer_edgeinfer_{DEVICE}"
+        configs = converged_configs(broker, count=8, members=2)
+        for topic, config in configs.items():
+            assert schema_errors(topic, config) == [], (topic, config)
+        assert len({c["unique_id"] for c in configs.values()}) == len(configs)
+        assert {c["device"]["identifiers"][0] for c in configs.values()} == {node}
+        statuses = [f"edgeinfer/{DEVICE}/status/{m}" for m in MEMBERS]
+        for config in configs.values():
+            assert config["availability_mode"] == "any"
+            assert [a["topic"] for a in config["availability"]] == statuses
+        by_member = {m: [c for c in configs.values() if m in c["unique_id"]] for m in MEMBERS}
+        for member, own in by_member.items():
+            assert len(own) == 4
+            metrics = first_messages(broker.port, f"edgeinfer/{DEVICE}/metrics/{member}")[0]
+            assert json.loads(metrics)["client_id"] == member
+            for config in own:
+                assert config["state_topic"].endswith(f"/{member}")
+        group = f"edgeinfer/{DEVICE}/availability"
+        assert first_messages(broker.port, group) == [b"online"]
+        with subprocess.Popen(
+            [SUB, "-h", LOOPBACK, "-p", str(broker.port), "-t", group, "-W", str(HANG_S)],
+            stdout=subprocess.PIPE,
+        ) as sub:
+            assert sub.stdout is not None
+            assert sub.stdout.readline() == b"online\n"  # the retained one
+            members["bridge-a"].kill9()
+            # its Will says offline for the group; the member still serving puts it back
+            assert sub.stdout.readline() == b"offline\n"
+            assert sub.stdout.readline() == b"online\n"
+            sub.terminate()
+        will = first_messages(broker.port, statuses[0])[0]
+        assert json.loads(will)["state"] == "offline"
+        status_sensor = next(
+            c for c in by_member["bridge-a"] if c["name"].startswith(f"{model} status")
+        )
+        assert strict_render(status_sensor["value_template"], will) == "not served"
+        assert json.loads(strict_render(status_sensor["json_attributes_template"], will)) == {}
+        members["bridge-b"].kill9()
+        assert wait_for(broker.port, group, lambda p: p == b"offline")
