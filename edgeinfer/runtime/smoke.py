@@ -336,14 +336,15 @@ def _input(model: Model, case: dict[str, Any]) -> Any:
 
 
 def _greedy_cases(model: Model, prompts: list[str]) -> list[dict[str, Any]]:
-    """Each prompt's first greedy tokens with each step's logit margin."""
-    from edgeinfer.runtime.generate.generator import Generator
+    """Each prompt's first greedy tokens with each step's logit margin (one-row steps: the
+    bits of the engine's, see ``generate/engine.py``)."""
+    from edgeinfer.runtime.generate.decoding import Decoder
 
     context = min(model.manifest.io_as(DecoderIO).context_length, _PROMPT_TOKENS + GREEDY_TOKENS)
-    generator = Generator(model.path, model.manifest, config=model.config, context_length=context)
+    generator = Decoder(model.path, model.manifest, config=model.config, context_length=context)
     cases = []
     for prompt in prompts:
-        ids = generator.encode(prompt)
+        ids = narrow(model, GenerateModel).encode(prompt)
         if len(ids) > _PROMPT_TOKENS:
             continue
         logits = generator.prefill(ids)

@@ -23,6 +23,7 @@ from edgeinfer.export.options import ExportOptions
 from edgeinfer.export.run import export
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.generate import Generator
+from edgeinfer.runtime.generate.decoding import Decoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from build_tiny_decoder import FAMILIES, build
@@ -59,12 +60,13 @@ def test_every_family_matches_transformers_greedy_and_recompute(family: Any) -> 
         source, dtype=torch.float32, attn_implementation="eager"
     ).eval()
     gen = Generator(package, manifest, config=RuntimeConfig(threads=1), context_length=64)
+    steps = Decoder(package, manifest, config=RuntimeConfig(threads=1), context_length=64)
     session = ort.InferenceSession(str(package / manifest.io.graph))
     for kind, prompt in PROMPTS.items():
         ids = gen.encode(prompt)
         assert (len(ids) < WINDOW) == (kind == "short")
         seq, cached, worst = list(ids), [], 0.0
-        step = gen.prefill(ids)  # KV-cached: prefill, then one token at a time
+        step = steps.prefill(ids)  # KV-cached: prefill, then one token at a time
         for _ in range(STEPS):
             with torch.no_grad():  # transformers, full recompute without a cache
                 ref = model(torch.tensor([seq])).logits[0, -1].numpy()
@@ -73,7 +75,7 @@ def test_every_family_matches_transformers_greedy_and_recompute(family: Any) -> 
             cached.append(int(np.argmax(step)))
             assert cached[-1] == int(np.argmax(ref)) == int(np.argmax(full)), (name, prompt)
             seq.append(cached[-1])
-            step = gen.decode_one_token(cached[-1], len(seq) - 1)
+            step = steps.decode_one_token(cached[-1], len(seq) - 1)
         assert worst < MAX_ABS_LOGIT, (name, prompt, worst)
         # docs/generation.md per-family table: pytest tests/export/test_decoder_families.py -s
         print(

@@ -21,6 +21,7 @@ from edgeinfer.export.decoder.variants import VARIANTS
 from edgeinfer.export.passes import quantize
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.generate import Generator
+from edgeinfer.runtime.generate.decoding import Decoder
 
 IDS = list(range(3, 40))
 
@@ -79,10 +80,11 @@ def test_refined_head_gives_fp32_activation_logits_for_the_best_tokens(
 
 
 def test_wide_one_token_steps_and_verification_compute_the_same_bits(int8_folder: Path) -> None:
-    gen = Generator(
-        int8_folder, Manifest.read(int8_folder), config=RuntimeConfig(threads=2), context_length=96
-    )
-    ids = gen.encode("Chelsea won the cup after a long season of")
+    manifest, config = Manifest.read(int8_folder), RuntimeConfig(threads=2)
+    text = Generator(int8_folder, manifest, config=config, context_length=96)
+    ids = text.encode("Chelsea won the cup after a long season of")
+    text.close()
+    gen = Decoder(int8_folder, manifest, config=config, context_length=96)
     tokens = list(gen.tokens(ids, max_new_tokens=12, sampling=SamplingConfig(draft_tokens=0)))
     steps = [gen.prefill(ids).copy()]
     for position, token in enumerate(tokens[:-1], start=len(ids)):

@@ -16,7 +16,7 @@ from edgeinfer.export.options import ExportOptions
 from edgeinfer.export.passes import quantize
 from edgeinfer.export.run import export
 from edgeinfer.manifest import Manifest
-from edgeinfer.runtime.generate import Generator
+from edgeinfer.runtime.generate.decoding import Decoder
 
 
 def test_a_graph_with_external_weights_exports_quantizes_and_generates(
@@ -34,8 +34,8 @@ def test_a_graph_with_external_weights_exports_quantizes_and_generates(
 
     config = RuntimeConfig(threads=1)
     ids = [5, 17, 42, 99, 7]
-    split = Generator(out, manifest, config=config, context_length=32)
-    whole = Generator(tiny_package, Manifest.read(tiny_package), config=config, context_length=32)
+    split = Decoder(out, manifest, config=config, context_length=32)
+    whole = Decoder(tiny_package, Manifest.read(tiny_package), config=config, context_length=32)
     np.testing.assert_allclose(split.prefill(ids), whole.prefill(ids), rtol=1e-5, atol=1e-5)
 
     int8 = tmp_path / "int8.onnx"

@@ -15,6 +15,7 @@ from edgeinfer.export.decoder.builder import GATE_MAX_PPL_INCREASE, GATE_MIN_AGR
 from edgeinfer.export.decoder.lm import full_logits
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.generate import Generator
+from edgeinfer.runtime.generate.decoding import Decoder
 
 pytestmark = pytest.mark.slow
 
@@ -57,15 +58,16 @@ def greedy_pair(gen: Generator, package: Path, steps: int) -> tuple[list[int], l
     manifest = Manifest.read(package)
     session = ort.InferenceSession(str(package / manifest.io.graph))
     ids = gen.encode(CHAT)
+    steps_ = Decoder(package, manifest, config=RuntimeConfig(threads=2), context_length=256)
     seq, cached, recomputed, worst = list(ids), [], [], 0.0
-    logits = gen.prefill(ids)
+    logits = steps_.prefill(ids)
     for position in range(len(ids), len(ids) + steps):
         full = full_logits(session, manifest.io, seq)[-1]
         worst = max(worst, float(np.abs(full - logits).max()))
         cached.append(int(np.argmax(logits)))
         recomputed.append(int(np.argmax(full)))
         seq.append(cached[-1])
-        logits = gen.decode_one_token(cached[-1], position)
+        logits = steps_.decode_one_token(cached[-1], position)
     return cached, recomputed, worst
 
 
@@ -128,7 +130,7 @@ def test_prompt_lookup_gives_its_greedy_steps_answer(
     """The int8 graph computes a wide one-token step and a verification with the same bits,
     so lookup's answer is that of its greedy steps without drafts, token for token (not
     merely close)."""
-    from edgeinfer.runtime.generate import decoding
+    from edgeinfer.runtime.generate import engine
     from edgeinfer.runtime.generate.lookup import PromptLookup
 
     class NoDrafts(PromptLookup):
@@ -139,7 +141,7 @@ def test_prompt_lookup_gives_its_greedy_steps_answer(
     chat = [{"role": "user", "content": question}]
     lookup = SamplingConfig(draft_tokens=8)
     with monkeypatch.context() as patch:
-        patch.setattr(decoding, "PromptLookup", NoDrafts)
+        patch.setattr(engine, "PromptLookup", NoDrafts)
         plain = smollm2.generate(chat, max_new_tokens=48, sampling=lookup)
     fast = smollm2.generate(chat, max_new_tokens=48, sampling=lookup)
     assert fast.token_ids == plain.token_ids

@@ -12,7 +12,8 @@ import pytest
 
 from edgeinfer.config import RuntimeConfig, SamplingConfig
 from edgeinfer.manifest import Manifest
-from edgeinfer.runtime.generate import Generator, decoding, kvcache
+from edgeinfer.runtime.generate import Generator, decoding, engine, slots
+from edgeinfer.runtime.generate.decoding import Decoder
 from edgeinfer.runtime.generate.lookup import PromptLookup, accept_greedy
 from edgeinfer.runtime.generate.sampling import Sampler
 
@@ -31,7 +32,7 @@ class _NoDrafts(PromptLookup):
 def _wide_greedy(gen: Generator, prompt: object, monkeypatch: pytest.MonkeyPatch) -> Any:
     """``prompt``'s greedy answer in the computation prompt lookup runs, without drafts."""
     with monkeypatch.context() as patch:
-        patch.setattr(decoding, "PromptLookup", _NoDrafts)
+        patch.setattr(engine, "PromptLookup", _NoDrafts)
         return gen.generate(prompt, max_new_tokens=48, sampling=LOOKUP)  # type: ignore[arg-type]
 
 
@@ -53,23 +54,23 @@ def test_greedy_acceptance_keeps_the_drafts_up_to_the_first_miss() -> None:
     assert accept_greedy(np.array([7, 5, 6]), [4, 5]) == [7]
 
 
-def test_verify_accepts_the_greedy_continuation(tiny: Generator) -> None:
+def test_verify_accepts_the_greedy_continuation(tiny: Generator, steps: Decoder) -> None:
     ids = tiny.encode("The market rose")
-    token = int(tiny.prefill(ids).argmax())
+    token = int(steps.prefill(ids).argmax())
     plain = [token]  # the wide steps' greedy tokens: what a verification computes
     for position in range(len(ids), len(ids) + 7):
-        plain.append(tiny.decode_greedy(plain[-1], position, wide=True))
-    tiny.forget_prefix()
-    tiny.prefill(ids)
+        plain.append(steps.decode_greedy(plain[-1], position, wide=True))
+    steps.forget_prefix()
+    steps.prefill(ids)
     # The true continuation is accepted whole, plus the model's next token after it.
-    assert tiny.verify(plain[0], plain[1:6], len(ids)) == plain[1:7]
-    assert tiny.cache.ids == [*ids, *plain[:6]]
+    assert steps.verify(plain[0], plain[1:6], len(ids)) == plain[1:7]
+    assert steps.cache.ids == [*ids, *plain[:6]]
     wrong = [plain[1], (plain[2] + 1) % 512, plain[3]]
-    tiny.forget_prefix()
-    tiny.prefill(ids)
-    assert tiny.verify(plain[0], wrong, len(ids)) == plain[1:3]  # cut at the wrong draft
-    assert tiny.cache.ids == [*ids, *plain[:2]]  # rejected positions are not kept
-    assert tiny.decode_greedy(plain[2], len(ids) + 2, wide=True) == plain[3]
+    steps.forget_prefix()
+    steps.prefill(ids)
+    assert steps.verify(plain[0], wrong, len(ids)) == plain[1:3]  # cut at the wrong draft
+    assert steps.cache.ids == [*ids, *plain[:2]]  # rejected positions are not kept
+    assert steps.decode_greedy(plain[2], len(ids) + 2, wide=True) == plain[3]
 
 
 @pytest.mark.parametrize(
@@ -90,14 +91,14 @@ def test_prompt_lookup_yields_its_greedy_steps_tokens(
 
 @pytest.mark.parametrize("oracle", [True, False])
 def test_lookup_loop_yields_the_plain_tokens_whatever_the_drafts(
-    tiny: Generator, monkeypatch: pytest.MonkeyPatch, oracle: bool
+    tiny: Generator, steps: Decoder, monkeypatch: pytest.MonkeyPatch, oracle: bool
 ) -> None:
     """Drafts that are the true continuation are all accepted, wrong ones all rejected; the
     tokens stay the greedy steps' ones either way, up to max_new_tokens exactly."""
     ids = tiny.encode("Chelsea won the cup after a long season of")
     with monkeypatch.context() as patch:
         patch.setattr(decoding, "PromptLookup", _NoDrafts)
-        plain = list(tiny.tokens(ids, max_new_tokens=30, sampling=LOOKUP))
+        plain = list(steps.tokens(ids, max_new_tokens=30, sampling=LOOKUP))
 
     class Drafter(PromptLookup):
         def draft(self, token: int, room: int) -> list[int]:
@@ -107,29 +108,29 @@ def test_lookup_loop_yields_the_plain_tokens_whatever_the_drafts(
             return true if oracle else [(t + 1) % 512 for t in true]
 
     monkeypatch.setattr(decoding, "PromptLookup", Drafter)
-    fast = list(tiny.tokens(ids, max_new_tokens=30, sampling=LOOKUP))
+    fast = list(steps.tokens(ids, max_new_tokens=30, sampling=LOOKUP))
     assert fast == plain
-    assert tiny.lookup is not None
-    accepted = tiny.lookup.accepted
-    assert accepted == (tiny.lookup.drafted if oracle else 0) and tiny.lookup.drafted > 0
+    assert steps.lookup is not None
+    accepted = steps.lookup.accepted
+    assert accepted == (steps.lookup.drafted if oracle else 0) and steps.lookup.drafted > 0
 
 
 def test_kv_cache_grows_with_the_request(
     fast_decoder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(kvcache, "GROWTH_TOKENS", 16)
+    monkeypatch.setattr(slots, "GROWTH_TOKENS", 16)
     small = Generator(
         fast_decoder,
         Manifest.read(fast_decoder),
         config=RuntimeConfig(threads=1),
         context_length=96,
     )
-    assert small.cache.capacity == 16
-    keys = small.cache.layer(0)[0]
+    assert small.engine.slots.capacity == 16
+    keys = small.engine.slots.buffers[0]
     prompt = "Chelsea won the cup after a long season of"
     grown = small.generate(prompt, max_new_tokens=40, sampling=PLAIN)
-    assert small.cache.capacity == 64 and small.cache.layer(0)[0] is not keys
-    monkeypatch.setattr(kvcache, "GROWTH_TOKENS", 256)
+    assert small.engine.slots.capacity == 64 and small.engine.slots.buffers[0] is not keys
+    monkeypatch.setattr(slots, "GROWTH_TOKENS", 256)
     whole = Generator(
         fast_decoder,
         Manifest.read(fast_decoder),
@@ -182,16 +183,24 @@ def test_sampler_draws_from_the_reference_distribution(config: SamplingConfig) -
 
 
 def test_float16_kv_cache_halves_the_cache_and_tracks_float32(
-    tiny: Generator, fast_decoder_kv16: Path
+    tiny: Generator, steps: Decoder, fast_decoder_kv16: Path
 ) -> None:
+    half = Decoder(
+        fast_decoder_kv16,
+        Manifest.read(fast_decoder_kv16),
+        config=RuntimeConfig(threads=1),
+        context_length=128,
+    )
     gen = Generator(
         fast_decoder_kv16,
         Manifest.read(fast_decoder_kv16),
         config=RuntimeConfig(threads=1),
         context_length=128,
     )
-    assert gen.cache.dtype == np.float16 and gen.cache.nbytes * 2 == tiny.cache.nbytes
+    assert half.cache.dtype == np.float16 and half.cache.nbytes * 2 == steps.cache.nbytes
+    assert gen.engine.slots.dtype == np.float16
+    assert gen.engine.slots.bytes_per_token * 2 == tiny.engine.slots.bytes_per_token
     ids = tiny.encode("Chelsea won the cup after a long season of")
-    np.testing.assert_allclose(gen.prefill(ids), tiny.prefill(ids), atol=2e-2)
+    np.testing.assert_allclose(half.prefill(ids), steps.prefill(ids), atol=2e-2)
     plain = gen.generate("The market rose", max_new_tokens=24, sampling=PLAIN)
     assert plain.token_ids == gen.generate("The market rose", max_new_tokens=24).token_ids

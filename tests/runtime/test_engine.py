@@ -15,7 +15,7 @@ import pytest
 from isolated import in_fresh_process
 
 from edgeinfer.config import ContinuousBatchConfig, RuntimeConfig, SamplingConfig
-from edgeinfer.errors import ConfigError, PackageError
+from edgeinfer.errors import ConfigError, MemoryBudgetError, PackageError
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import DecoderIO
 from edgeinfer.runtime.generate import Generator
@@ -118,7 +118,7 @@ def test_a_kv_budget_admits_what_fits_and_refuses_what_never_can(fast_decoder: P
         jobs = [{"prompt": PROMPTS[0], "max_new_tokens": 8, "stop_token_ids": frozenset()}] * 4
         outs = all_at_once(gen, [dict(j, sampling=SamplingConfig()) for j in jobs])
         assert all(out == outs[0] and len(out) == 8 for out in outs)
-        with pytest.raises(ConfigError, match="budget"):
+        with pytest.raises(MemoryBudgetError, match="ask for at most"):
             gen.generate(PROMPTS[0], max_new_tokens=100)
     finally:
         gen.close()

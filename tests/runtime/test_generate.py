@@ -15,6 +15,7 @@ from edgeinfer.errors import ConfigError, ContextLengthExceededError, InputError
 from edgeinfer.export.decoder.lm import full_logits
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.generate import Generator
+from edgeinfer.runtime.generate.decoding import Decoder
 from edgeinfer.runtime.generate.sampling import Sampler
 from edgeinfer.runtime.generate.streaming import TextStream
 
@@ -36,32 +37,35 @@ def greedy_by_recompute(package: Path, ids: list[int], count: int) -> list[int]:
 
 @pytest.mark.parametrize("prompt", [*PROMPTS, CHAT])
 def test_kv_cached_greedy_equals_full_recompute(
-    tiny: Generator, fast_decoder: Path, prompt: object
+    tiny: Generator, steps: Decoder, fast_decoder: Path, prompt: object
 ) -> None:
     ids = tiny.encode(prompt)  # type: ignore[arg-type]
-    cached = [int(t) for t in tiny.tokens(ids, max_new_tokens=24, sampling=SamplingConfig())]
+    cached = [int(t) for t in steps.tokens(ids, max_new_tokens=24, sampling=SamplingConfig())]
     assert cached == greedy_by_recompute(fast_decoder, ids, len(cached))
 
 
-def test_kv_cached_logits_match_full_recompute(tiny: Generator, fast_decoder: Path) -> None:
+def test_kv_cached_logits_match_full_recompute(
+    tiny: Generator, steps: Decoder, fast_decoder: Path
+) -> None:
     manifest = Manifest.read(fast_decoder)
     session = ort.InferenceSession(str(fast_decoder / manifest.io.graph))
     ids = tiny.encode(PROMPTS[1])
     seq = list(ids)
-    step = tiny.prefill(ids)
+    step = steps.prefill(ids)
     for position in range(len(ids), len(ids) + 8):
         full = full_logits(session, manifest.io, seq)[-1]
         np.testing.assert_allclose(step, full, rtol=1e-4, atol=1e-4)
         token = int(np.argmax(step))
         seq.append(token)
-        step = tiny.decode_one_token(token, position)
+        step = steps.decode_one_token(token, position)
 
 
 def test_cache_is_written_in_place_up_to_the_last_position(tiny: Generator) -> None:
-    keys_before = tiny.cache.layer(0)[0]
+    kv = tiny.engine.slots
+    keys_before = kv.buffers[0]
     ids = tiny.encode(PROMPTS[0])
     result = tiny.generate(PROMPTS[0], max_new_tokens=10)
-    keys, values = tiny.cache.layer(0)
+    keys, values = kv.buffers[0], kv.buffers[1]
     assert keys is keys_before  # the same buffer: allocated once
     used = len(ids) + len(result.token_ids) - 1  # the last token is sampled, never fed
     assert np.abs(keys[0, :, :used]).sum(axis=(0, 2)).min() > 0
@@ -211,7 +215,9 @@ def test_load_serves_generation_through_the_model_facade(fast_decoder: Path) -> 
         edgeinfer.load(fast_decoder, cache=edgeinfer.CacheConfig(persist=False))
 
 
-def test_prefix_kv_cache_reuses_a_shared_prompt_prefix(tiny: Generator, fast_decoder: Path) -> None:
+def test_prefix_kv_cache_reuses_a_shared_prompt_prefix(
+    tiny: Generator, steps: Decoder, fast_decoder: Path
+) -> None:
     """A prompt that starts with the ids already in the cache prefills only the rest, and
     gives exactly what a fresh generator gives; a different prompt reuses nothing."""
     fresh = Generator(
@@ -223,18 +229,22 @@ def test_prefix_kv_cache_reuses_a_shared_prompt_prefix(tiny: Generator, fast_dec
     system = tiny.encode("You are a terse assistant on a factory floor. Answer in one line.")
     first = system + tiny.encode(" Where is valve seven?")
     second = system + tiny.encode(" Is line three running?")
-    tiny.prefill(first)
-    assert tiny.prefix_reused == 0 or tiny.prefix_reused < len(system)
-    reused = tiny.prefill(second).copy()
     common = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
-    assert tiny.prefix_reused == common >= len(system) - 1
-    np.testing.assert_allclose(reused, fresh.prefill(second), atol=1e-5)
-    # Greedy tokens after the shared prefix equal a fresh generator's.
+    # The step-by-step decoder's cache.
+    steps.prefill(first)
+    reused = steps.prefill(second).copy()
+    assert steps.prefix_reused == common >= len(system) - 1
+    steps.forget_prefix()
+    np.testing.assert_allclose(reused, steps.prefill(second), atol=1e-5)
+    # The one-slot engine keeps the last request's keys/values the same way.
+    tiny.generate(tiny.decode(first), max_new_tokens=4)
     prompt = tiny.decode(second)
     again = tiny.generate(prompt, max_new_tokens=12)
+    assert tiny.prefix_reused == common
     assert again.text == fresh.generate(prompt, max_new_tokens=12).text
-    tiny.prefill(tiny.encode("Completely different words"))
+    tiny.generate("Completely different words", max_new_tokens=4)
     assert tiny.prefix_reused == 0
+    tiny.generate(prompt, max_new_tokens=4)
     tiny.forget_prefix()
-    np.testing.assert_allclose(tiny.prefill(second), fresh.prefill(second), atol=1e-5)
+    tiny.generate(prompt, max_new_tokens=4)
     assert tiny.prefix_reused == 0

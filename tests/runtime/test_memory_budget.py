@@ -110,7 +110,7 @@ def _batching_under_budget(package: Path, room_bytes: int) -> dict[str, Any]:
     try:  # nothing left beside what loading took: every request refused, none run
         model.generate("pump valve", max_new_tokens=8)
         starved_error = ""
-    except edgeinfer.ConfigError as exc:
+    except edgeinfer.MemoryBudgetError as exc:  # the same answer as a load without batching
         starved_error = str(exc)
     finally:
         model.close()

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import edgeinfer
 from edgeinfer.config import ContinuousBatchConfig, RuntimeConfig, SamplingConfig
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.generate import Generator
@@ -45,13 +46,14 @@ QUESTIONS = [
 ]
 
 
-def _load(package: Path, *, threads: int, slots: int | None) -> Generator:
+def _load(package: Path, *, threads: int, slots: int | None, chunk: int = 64) -> Generator:
+    batching = ContinuousBatchConfig(max_sequences=slots, prefill_chunk_tokens=chunk)
     return Generator(
         package,
         Manifest.read(package),
         config=RuntimeConfig(threads=threads),
         context_length=256,
-        batching=None if slots is None else ContinuousBatchConfig(max_sequences=slots),
+        batching=None if slots is None else batching,
     )
 
 
@@ -74,7 +76,11 @@ def _side_by_side(gen: Generator, prompts: Sequence[Any], *, max_new_tokens: int
 
 
 def _three_ways(
-    solo: Generator, engine: Generator, prompts: Sequence[Any], *, max_new_tokens: int
+    solo: Generator | edgeinfer.GenerateModel,
+    engine: Generator,
+    prompts: Sequence[Any],
+    *,
+    max_new_tokens: int,
 ) -> list[tuple[Any, Any]]:
     """Each prompt with the ways its greedy ids differ from the solo load's: ``engine`` (the
     engine alone) and/or ``beside`` (beside three others); empty when all agree."""
@@ -132,16 +138,47 @@ def test_every_step_computes_the_same_logits_bits_whatever_the_load(
                 assert np.array_equal(mine, want), seed  # bits, not merely close
 
 
-@pytest.mark.slow
-def test_a_real_decoders_greedy_answers_are_the_same_loaded_with_batching_or_not(
-    smollm2_package: Path,
+def test_a_chunked_prompt_gives_the_tokens_of_a_whole_one(
+    tiny: Generator, fast_decoder: Path
 ) -> None:
-    """The int8 SmolLM2 package: a near-tie in its logits flips a greedy token, so any
-    difference in how a step is computed shows in the text within a few words."""
-    solo = _load(smollm2_package, threads=2, slots=None)
-    engine = _load(smollm2_package, threads=2, slots=4)
+    """A prompt prefilled a few tokens per run (between other streams' steps) gives the
+    greedy tokens of one prefilled in one run."""
+    small = _load(fast_decoder, threads=1, slots=4, chunk=3)
     try:
-        chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
-        assert _three_ways(solo, engine, chats, max_new_tokens=32) == []
+        assert max(len(tiny.encode(p)) for p in TINY_PROMPTS) > 3  # several chunks each
+        for prompt in TINY_PROMPTS:
+            whole = tiny.generate(prompt, max_new_tokens=24).token_ids
+            assert small.generate(prompt, max_new_tokens=24).token_ids == whole, prompt
     finally:
-        engine.close()
+        small.close()
+
+
+def _prompts(gen: Generator) -> list[Any]:
+    """The 20 questions, as chats when the package has a chat template."""
+    if gen.chat_format is None:
+        return [f"Question: {q}\nAnswer:" for q in QUESTIONS]
+    return [[{"role": "user", "content": q}] for q in QUESTIONS]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("package", ["smollm2_package", "gemma3_package"])
+def test_a_real_decoders_greedy_answers_are_the_same_loaded_with_batching_or_not(
+    package: str, request: pytest.FixtureRequest
+) -> None:
+    """SmolLM2-135M and Gemma 3 270M, int8: a near-tie in their logits flips a greedy token,
+    so any difference in how a step is computed shows in the text within a few words. The
+    default load (one slot, prefixes kept between requests), four slots alone and beside
+    three others, and four slots prefilling 8 tokens a run: all equal."""
+    folder = request.getfixturevalue(package)
+    solo = edgeinfer.load(folder, threads=2)
+    engine = _load(folder, threads=2, slots=4)
+    chunked = _load(folder, threads=2, slots=4, chunk=8)
+    try:
+        assert isinstance(solo, edgeinfer.GenerateModel)
+        prompts = _prompts(engine)
+        assert _three_ways(solo, engine, prompts, max_new_tokens=32) == []
+        whole = [engine.generate(p, max_new_tokens=32).token_ids for p in prompts]
+        assert _side_by_side(chunked, prompts, max_new_tokens=32) == whole
+    finally:
+        for gen in (solo, engine, chunked):
+            gen.close()

@@ -7,14 +7,13 @@ file (``package.externalize``), which onnxruntime maps instead of copying.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edgeinfer.config import RuntimeConfig
+from edgeinfer.config import RuntimeConfig, SamplingConfig
 from edgeinfer.errors import ConfigError
 from edgeinfer.export import package
 from edgeinfer.export.builder import Builder
@@ -71,31 +70,37 @@ def _generator(folder: Path, threads: int | None, context_length: int) -> Any:
     )
 
 
-def _decode(gen: Any, prompt: list[int], steps: int) -> None:
-    """Prefill ``prompt`` and decode ``steps`` greedy tokens."""
-    token = int(np.argmax(gen.prefill(prompt)))
-    for position in range(len(prompt), len(prompt) + steps):
-        token = gen.decode_greedy(token, position)
+def _decode(gen: Any, prompt: list[int], steps: int) -> list[float]:
+    """Greedy tokens after ``prompt`` through the engine that serves the package (``steps``
+    + 1 tokens, eos not honoured); when each came (``time.perf_counter``)."""
+    seq = gen.engine.submit(
+        prompt, max_new_tokens=steps + 1, sampling=SamplingConfig(), stop_token_ids=frozenset()
+    )
+    list(seq)
+    times: list[float] = seq.token_s
+    return times
 
 
 def _decode_speeds(
     folders: dict[str, Path], prompt: list[int], threads: int | None
 ) -> dict[str, float]:
-    """Greedy decode tokens/s of staged packages through the runtime's own loop: interleaved
-    rounds (a busy machine slows every variant alike), the median of each."""
+    """Greedy decode tokens/s of staged packages through the path that serves them (the
+    generator's engine): interleaved rounds (a busy machine slows every variant alike), the
+    median of each."""
     gens = {
         name: _generator(f, threads, len(prompt) + SPEED_TOKENS + 1) for name, f in folders.items()
     }
     rates: dict[str, list[float]] = {name: [] for name in gens}
-    for gen in gens.values():
-        _decode(gen, prompt, 2)  # first-run allocations stay out of the timing
-    for _ in range(SPEED_ROUNDS):
-        for name, gen in gens.items():
-            token = int(np.argmax(gen.prefill(prompt)))
-            started = time.perf_counter()
-            for position in range(len(prompt), len(prompt) + SPEED_TOKENS):
-                token = gen.decode_greedy(token, position)
-            rates[name].append(SPEED_TOKENS / (time.perf_counter() - started))
+    try:
+        for gen in gens.values():
+            _decode(gen, prompt, 2)  # first-run allocations stay out of the timing
+        for _ in range(SPEED_ROUNDS):
+            for name, gen in gens.items():
+                times = _decode(gen, prompt, SPEED_TOKENS)
+                rates[name].append(SPEED_TOKENS / (times[-1] - times[0]))
+    finally:
+        for gen in gens.values():
+            gen.close()
     return {name: float(np.median(r)) for name, r in rates.items()}
 
 

@@ -39,11 +39,12 @@ from edgeinfer.runtime.generate.lookup import PromptLookup, accept_greedy
 from edgeinfer.runtime.generate.sampling import Sampler
 from edgeinfer.runtime.session import open_session
 
-__all__ = ["Decoder"]
+__all__ = ["Decoder", "DecoderGraph"]
 
 
-class Decoder:
-    """A decoder graph on onnxruntime with its KV cache: one sequence at a time.
+class DecoderGraph:
+    """A decoder package's graph on onnxruntime: the session, its io and limits, no cache
+    (the continuous-batching engine and ``Decoder`` each bind their own).
 
     Args:
         path: the package folder.
@@ -60,8 +61,6 @@ class Decoder:
         config: RuntimeConfig,
         context_length: int | None = None,
     ) -> None:
-        import onnxruntime as ort
-
         if manifest.task != "generate":
             raise PackageError(f"{path} is a {manifest.task!r} package, not a generate package")
         io = self.io = manifest.io_as(DecoderIO)
@@ -83,9 +82,29 @@ class Decoder:
         # External weights next to the graph are mapped; what prepacking read is not needed.
         memory.drop_file_pages(graph.with_name(graph.name + ".data"))
         self.providers: list[str] = list(self._session.get_providers())
+        self.device = device_for(self.providers)
         self.stop_token_ids = frozenset(io.stop_token_ids)
+
+
+class Decoder(DecoderGraph):
+    """A ``DecoderGraph`` (the same arguments) with its KV cache: one sequence at a time,
+    step by step, for the KV and parity invariants and the export's checks (requests are
+    served by ``engine.Engine``)."""
+
+    def __init__(
+        self,
+        path: Path,
+        manifest: Manifest,
+        *,
+        config: RuntimeConfig,
+        context_length: int | None = None,
+    ) -> None:
+        import onnxruntime as ort
+
+        super().__init__(path, manifest, config=config, context_length=context_length)
+        io = self.io
         # One spare position: the graph writes the keys/values of one row past the last token.
-        self.cache = KVCache(io, limit=self.context_length + 1, device=device_for(self.providers))
+        self.cache = KVCache(io, limit=self.context_length + 1, device=self.device)
         # Preallocated decode inputs and outputs, written in place each step.
         self._token = np.zeros((1, 1), np.int64)  # input_ids: [1, 1]
         self._position = np.zeros((1, 1), np.int64)  # position_ids: [1, 1]

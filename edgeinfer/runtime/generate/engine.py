@@ -1,5 +1,6 @@
-"""Continuous batching: several sequences of one decoder package decoded together, one graph
-run per step for all of them (as llama.cpp's server slots and onnxruntime-genai do).
+"""The one scheduler of a generate package: sequences decoded together, one graph run per step
+for all of them (as llama.cpp's server slots and onnxruntime-genai do); a load without
+continuous batching is an engine of one slot, so every request takes this path.
 
 Decoding a small model is bound by reading its weights once per step; reading them once for
 four sequences costs little more than for one. The engine owns one thread and the decoder's
@@ -7,9 +8,12 @@ session (one copy of the weights and prepacks); each request is a ``Sequence`` w
 row in a ``SlotCache``. The thread loops:
 
 1. admit a waiting sequence when a slot is free and the KV budget holds its request (prompt +
-   max_new_tokens positions);
+   max_new_tokens positions); on its first run it takes what its row kept (a one-slot engine
+   keeps a finished sequence's keys/values: the next prompt that starts the same prefills
+   from where they end) or the prefix store holds (a chat's system prompt, from disk);
 2. run one chunk (``prefill_chunk_tokens``) of the newcomer's prompt on its row alone, so the
-   others wait at most one chunk between two tokens, never a whole long prompt;
+   others wait at most one chunk between two tokens, never a whole long prompt; chunks start
+   at multiples of the chunk size whatever the load, so a prompt's bits do not depend on it;
 3. run one decode step of every admitted sequence at once: a batch of one token per sequence,
    each with its own position and mask row; greedy rows read the graph's argmax, sampled rows
    their logits through their own sampler;
@@ -19,9 +23,9 @@ row in a ``SlotCache``. The thread loops:
 Sequences join and leave at token boundaries. A one-token step runs attention without the
 extra row (``extra_row`` 0, see ``export/decoder/graph.py``), as ``decoding.Decoder``'s plain
 steps do: the same computation whether a sequence is decoded alone, with others or on a load
-without batching, so a sequence's greedy text does not depend on the load. Prompt lookup is
-not used here: onnxruntime's ``GroupQueryAttention`` takes several sequences only one new
-token each.
+without batching, so a sequence's greedy text does not depend on the load. Prompt lookup
+(``SamplingConfig.draft_tokens``) drafts in a one-slot engine only: onnxruntime's
+``GroupQueryAttention`` takes several sequences only one new token each (``runs.py``).
 """
 
 from __future__ import annotations
@@ -42,14 +46,18 @@ from edgeinfer.errors import (
     ContextLengthExceededError,
     EdgeInferError,
     InferenceError,
+    MemoryBudgetError,
     PackageError,
 )
+from edgeinfer.runtime.generate.lookup import PromptLookup, accept_greedy
+from edgeinfer.runtime.generate.runs import Runs
 from edgeinfer.runtime.generate.sequence import Sequence
 from edgeinfer.runtime.generate.slots import SlotCache
 from edgeinfer.runtime.generate.streaming import TextStream
 
 if TYPE_CHECKING:
-    from edgeinfer.runtime.generate.decoding import Decoder
+    from edgeinfer.runtime.generate.decoding import DecoderGraph
+    from edgeinfer.runtime.generate.prefix_store import PrefixStore
 
 __all__ = ["Engine"]
 
@@ -59,55 +67,54 @@ _WINDOW_S = 10.0  # tokens/s over the last 10 s
 
 
 class Engine:
-    """Decode up to ``config.max_sequences`` sequences of ``decoder``'s session together.
+    """Decode up to ``config.max_sequences`` sequences of ``graph``'s session together.
 
     Args:
-        decoder: the loaded decoder (its session and io; its own one-sequence cache is not used).
+        graph: the loaded decoder graph (its session, io and limits).
         config: slots, KV budget and prefill chunk.
         decode: token ids -> text (a sequence's last chunk).
+        store: the prefix store a sequence's ``keep_prefix`` ids are restored from and saved
+            to; ``None``: none.
     """
 
     def __init__(
         self,
-        decoder: Decoder,
+        graph: DecoderGraph,
         config: ContinuousBatchConfig,
         *,
         decode: Callable[[list[int]], str],
+        store: PrefixStore | None = None,
     ) -> None:
-        io = decoder.io
-        if not io.extra_row_input:
+        io = graph.io
+        self.max_sequences = config.sequences
+        if not io.extra_row_input and self.max_sequences > 1:
             raise PackageError(
-                f"the package {decoder.manifest.name!r} decodes one sequence at a time (its graph "
+                f"the package {graph.manifest.name!r} decodes one sequence at a time (its graph "
                 "has no extra_row input); re-export it with this edgeinfer to decode several "
                 "at once, or load it without continuous batching"
             )
-        if decoder.cache.device != "cpu":
+        if graph.device != "cpu":
             raise ConfigError(
-                "continuous batching runs on the CPU provider for now; load the package "
-                "without it on a GPU"
+                "generation runs on the CPU provider for now (the engine's KV rows live in "
+                "host memory); load the generate package with providers=['cpu']"
             )
-        self._decoder, self._session, self._decode = decoder, decoder._session, decode
-        self.max_sequences = config.sequences
-        self.slots = SlotCache(io, rows=self.max_sequences, limit=decoder.context_length + 1)
+        self._graph, self._decode, self._store = graph, decode, store
+        self.slots = SlotCache(io, rows=self.max_sequences, limit=graph.context_length + 1)
+        self._runs = Runs(graph, self.slots)
         budget = config.kv_budget_bytes
         self.kv_budget_positions = None if budget is None else budget // self.slots.bytes_per_token
         self.prefill_chunk = config.prefill_chunk_tokens
-        rows = self.max_sequences
-        self._token = np.zeros((rows, 1), np.int64)
-        self._position = np.zeros((rows, 1), np.int64)
-        self._best = np.zeros((rows, 1), np.int64)
-        self._logits = np.zeros((rows, 1, io.vocab_size), np.float32)
-        self._one, self._zero = np.ones(1, np.int64), np.zeros(1, np.int64)
-        self._steps: dict[tuple[int, bool], Any] = {}  # (batch, greedy) -> binding
-        self._fills: dict[int, Any] = {}  # row -> prefill binding
-        self._bound_generation = self.slots.generation
+        # One slot: a finished sequence's keys/values stay for the next prompt that starts the
+        # same, and greedy requests may draft (prompt lookup). Several: an idle slot costs
+        # nothing, and a batched step takes one token per sequence.
+        self._solo = self.max_sequences == 1
         self._waiting: deque[Sequence] = deque()
         self._decoding: list[Sequence] = []  # row i: self._decoding[i]
         self._filling: Sequence | None = None  # row len(_decoding), prompt filled up to _filled
-        self._filled = 0
+        self._filled: int | None = None  # None: its first chunk has not run
+        self._forget = False  # drop what the rows kept before the next sequence starts
         self._cond = threading.Condition()
         self._stopping = False
-        self.run_seconds = 0.0
         # Metrics: inter-token gaps, queue waits (ms) and token times.
         self._gaps: deque[float] = deque(maxlen=4096)
         self._waits: deque[float] = deque(maxlen=512)
@@ -115,6 +122,11 @@ class Engine:
         self.tokens = 0
         self._thread = threading.Thread(target=self._loop, name="edgeinfer-batch", daemon=True)
         self._thread.start()
+
+    @property
+    def run_seconds(self) -> float:
+        """Seconds spent inside onnxruntime since the warm-up."""
+        return self._runs.seconds
 
     # -- the callers' side ---------------------------------------------------------------------
 
@@ -130,7 +142,7 @@ class Engine:
     ) -> Sequence:
         """Queue a sequence of prompt ``ids``; iterate it (``for token in seq`` or
         ``seq.chunks()``) for its output. ``stop_token_ids`` ``None``: the package's."""
-        stops = self._decoder.stop_token_ids if stop_token_ids is None else stop_token_ids
+        stops = self._graph.stop_token_ids if stop_token_ids is None else stop_token_ids
         return self.add(
             Sequence(
                 ids,
@@ -146,26 +158,27 @@ class Engine:
         """Queue ``seq`` (built by the caller); returns it.
 
         Raises:
-            ConfigError: max_new_tokens < 1, an empty prompt, or a request that alone needs
-                more KV than the budget.
+            ConfigError: max_new_tokens < 1 or an empty prompt.
+            MemoryBudgetError: a request that alone needs more KV than the budget.
             ContextLengthExceededError: prompt + max_new_tokens exceed the context.
         """
         if seq.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {seq.max_new_tokens}")
         if not seq.ids:
             raise ConfigError("a sequence needs at least one prompt token")
-        if len(seq.ids) + seq.max_new_tokens > self._decoder.context_length:
+        if len(seq.ids) + seq.max_new_tokens > self._graph.context_length:
             raise ContextLengthExceededError(
                 prompt_tokens=len(seq.ids),
                 max_new_tokens=seq.max_new_tokens,
-                context_length=self._decoder.context_length,
+                context_length=self._graph.context_length,
             )
-        budget = self.kv_budget_positions
+        budget, per_token = self.kv_budget_positions, self.slots.bytes_per_token
         if budget is not None and seq.needed_positions > budget:
-            raise ConfigError(
-                f"the request needs {seq.needed_positions * self.slots.bytes_per_token} bytes of "
-                f"KV cache, over the {budget * self.slots.bytes_per_token}-byte budget; ask for "
-                "fewer max_new_tokens or raise kv_budget_bytes"
+            raise MemoryBudgetError(
+                needed_bytes=seq.needed_positions * per_token,
+                free_bytes=budget * per_token,
+                budget_bytes=budget * per_token,
+                fits=budget - 1,  # prompt + max_new_tokens, beside the graph's spare position
             )
         with self._cond:
             if self._stopping:
@@ -173,6 +186,11 @@ class Engine:
             self._waiting.append(seq)
             self._cond.notify_all()
         return seq
+
+    def forget_prefix(self) -> None:
+        """Make the next sequence prefill from position 0 (a cold time to first token)."""
+        with self._cond:
+            self._forget = True
 
     def stats(self) -> dict[str, Any]:
         """What the engine runs now and how fast: active and waiting sequences, aggregate
@@ -194,16 +212,16 @@ class Engine:
         }
 
     def warm_up(self, runs: int) -> None:
-        """Kernel selection and allocations: a one-token prompt alone, then every slot at once."""
+        """Kernel selection and allocations: a one-token prompt alone, then every slot at once
+        (a drafting step too in a one-slot engine)."""
+        lookup = SamplingConfig(draft_tokens=1 if self._solo else 0)
         for _ in range(runs):
-            for count in (1, self.max_sequences):
-                batch = [
-                    self.submit([0], max_new_tokens=2, sampling=SamplingConfig())
-                    for _ in range(count)
-                ]
+            for count in sorted({1, self.max_sequences}):
+                batch = [self.submit([0], max_new_tokens=2, sampling=lookup) for _ in range(count)]
                 for seq in batch:
                     list(seq)
-        self.run_seconds = 0.0
+        self.forget_prefix()
+        self._runs.seconds = 0.0
         self._gaps.clear()
         self._waits.clear()
         self._produced.clear()
@@ -234,7 +252,7 @@ class Engine:
                 if self._decoding:
                     self._decode_step()
             except Exception as exc:  # a failed run leaves the rows undefined: end them all
-                log.exception("continuous batching: a graph run failed")
+                log.exception("generation: a graph run failed")
                 error = exc if isinstance(exc, EdgeInferError) else InferenceError(str(exc))
                 with self._cond:
                     self._fail_all(error, waiting=False)
@@ -244,7 +262,7 @@ class Engine:
         queued = list(self._waiting) if waiting else []
         for seq in (*active, *queued):
             seq.end(error)
-        for row in range(len(active)):
+        for row in range(self.slots.rows):
             self.slots.release(row)
         self._decoding, self._filling = [], None
         if waiting:
@@ -266,83 +284,57 @@ class Engine:
                 return
         self._waiting.popleft()
         self._waits.append((now - seq.started) * 1e3)
+        if self._forget:
+            for row in range(self.slots.rows):
+                self.slots.take(row)
+            self._forget = False
         self.slots.ensure(seq.needed_positions)
-        self._filling, self._filled = seq, 0
+        self._filling, self._filled = seq, None
 
     def _finish_unstarted(self, seq: Sequence) -> None:
         seq.end(chunk=seq.close(self._decode) if not seq.cancelled.is_set() else None)
 
-    def _rebind_if_moved(self) -> None:
-        if self._bound_generation != self.slots.generation:  # the buffers were reallocated
-            self._steps.clear()
-            self._fills.clear()
-            self._bound_generation = self.slots.generation
-
-    def _run(self, binding: Any) -> None:
-        started = time.perf_counter()
-        try:
-            self._session.run_with_iobinding(binding)
-        except Exception as exc:  # ORT raises its own pybind classes
-            raise InferenceError(f"onnxruntime failed to run the decoder: {exc}") from exc
-        self.run_seconds += time.perf_counter() - started
+    def _begin(self, seq: Sequence, row: int) -> int:
+        """Where ``seq``'s prompt starts running on ``row``: after what the row kept or the
+        prefix store holds of it (never its last token: its logits are needed)."""
+        kept = self.slots.take(row)
+        reuse = 0
+        for held, new in zip(kept, seq.ids[:-1], strict=False):
+            if held != new:
+                break
+            reuse += 1
+        prefix = seq.ids[: seq.keep_prefix]
+        if self._store is not None and prefix and reuse < len(prefix):
+            kv = self._store.load(prefix)
+            if kv is not None:
+                self.slots.write(row, kv)
+                seq.from_disk = len(prefix)
+                reuse = min(len(prefix), len(seq.ids) - 1)
+        seq.reused = reuse
+        drafts = seq.sample.config.draft_tokens
+        if self._solo and seq.sample.greedy and drafts:
+            seq.lookup = PromptLookup(seq.ids, max_tokens=drafts)
+        return reuse
 
     def _prefill_chunk(self) -> None:
         seq = self._filling
         assert seq is not None
+        row = len(self._decoding)
         if seq.cancelled.is_set():
             self._filling = None
-            self.slots.release(len(self._decoding))
+            self.slots.release(row)
             seq.end()
             return
-        self._rebind_if_moved()
-        row = len(self._decoding)
-        start = self._filled
-        end = min(len(seq.ids), start + self.prefill_chunk)
-        binding = self._fills.get(row)
-        if binding is None:
-            binding = self._fills[row] = self._new_binding(slice(row, row + 1), extra_row=True)
-        binding.bind_cpu_input("input_ids", np.asarray(seq.ids[start:end], np.int64)[None])
-        binding.bind_cpu_input("position_ids", np.arange(start, end, dtype=np.int64)[None])
-        self.slots.open(row, end)
-        binding.bind_output("logits")  # unallocated again: onnxruntime sizes it for this run
-        self._run(binding)
+        start = self._begin(seq, row) if self._filled is None else self._filled
+        # Chunks end at multiples of the chunk size: the same runs whatever the load.
+        end = min(len(seq.ids), (start // self.prefill_chunk + 1) * self.prefill_chunk)
+        logits = self._runs.forward(row, seq.ids[start:end], start, rows=1, output="logits")
         self._filled = end
         if end < len(seq.ids):
             return
-        logits = binding.get_outputs()[0].numpy()[0, -1]
         self._filling = None
         self._decoding.append(seq)
-        self._deliver(len(self._decoding) - 1, seq.sample(logits))
-
-    def _new_binding(self, rows: slice, *, extra_row: bool) -> Any:
-        io, binding = self._decoder.io, self._session.io_binding()
-        if extra_row:  # a prefill: its logits are allocated per run, bound first (output 0)
-            binding.bind_output("logits")
-        self.slots.bind(binding, rows)
-        if io.logits_input:
-            binding.bind_cpu_input(io.logits_input, self._one)
-        assert io.extra_row_input is not None  # checked in __init__
-        binding.bind_cpu_input(io.extra_row_input, self._one if extra_row else self._zero)
-        return binding
-
-    def _step_binding(self, batch: int, greedy: bool) -> Any:
-        import onnxruntime as ort
-
-        binding = self._steps.get((batch, greedy))
-        if binding is None:
-            binding = self._new_binding(slice(0, batch), extra_row=False)
-            binding.bind_cpu_input("input_ids", self._token[:batch])
-            binding.bind_cpu_input("position_ids", self._position[:batch])
-            argmax = self._decoder.io.argmax_output
-            if argmax:
-                binding.bind_ortvalue_output(
-                    argmax, ort.OrtValue.ortvalue_from_numpy(self._best[:batch])
-                )
-            if not greedy or not argmax:
-                logits = ort.OrtValue.ortvalue_from_numpy(self._logits[:batch])
-                binding.bind_ortvalue_output("logits", logits)
-            self._steps[(batch, greedy)] = binding
-        return binding
+        self._deliver(row, seq.sample(logits[0]))
 
     def _decode_step(self) -> None:
         for row in reversed(range(len(self._decoding))):  # a cancelled one leaves first
@@ -350,22 +342,42 @@ class Engine:
                 self._leave(row)
         if not self._decoding:
             return
-        self._rebind_if_moved()
-        batch = len(self._decoding)
+        lookup = self._decoding[0].lookup
+        if lookup is not None:  # a one-slot engine: the drafting sequence is alone
+            self._draft_step(self._decoding[0], lookup)
+            return
+        batch, runs, argmax = len(self._decoding), self._runs, self._graph.io.argmax_output
         for row, seq in enumerate(self._decoding):
             position = seq.position
-            self._token[row, 0] = seq.generated[-1]
-            self._position[row, 0] = position
+            runs.token[row, 0] = seq.generated[-1]
+            runs.position[row, 0] = position
             self.slots.open(row, position + 1)
         greedy = all(seq.sample.greedy for seq in self._decoding)
-        self._run(self._step_binding(batch, greedy and bool(self._decoder.io.argmax_output)))
+        runs.step(batch, greedy=greedy and bool(argmax))
         for row in reversed(range(batch)):  # leaving moves the last row: walk from the end
             seq = self._decoding[row]
-            if seq.sample.greedy and self._decoder.io.argmax_output:
-                token = int(self._best[row, 0])
+            if seq.sample.greedy and argmax:
+                token = int(runs.best[row, 0])
             else:
-                token = seq.sample(self._logits[row, 0])
+                token = seq.sample(runs.logits[row, 0])
             self._deliver(row, token)
+
+    def _draft_step(self, seq: Sequence, lookup: PromptLookup) -> None:
+        """One step of a greedy sequence that drafts by prompt lookup: its token and the draft
+        run together (a wide one-row run when there is no draft), the accepted tokens out."""
+        token, position = seq.generated[-1], seq.position
+        left = seq.max_new_tokens - len(seq.generated)  # the draft leaves room for one more
+        draft = lookup.draft(token, left - 1)
+        argmax = self._graph.io.argmax_output
+        ids, output = [token, *draft], argmax or "logits"
+        best = self._runs.forward(0, ids, position, rows=len(ids), output=output)
+        chosen = accept_greedy(best if argmax else best.argmax(axis=1), draft)
+        if draft:
+            lookup.record(len(draft), chosen)
+        for token in chosen:
+            self._deliver(0, token)
+            if seq.done:  # it left
+                return
 
     def _deliver(self, row: int, token: int) -> None:
         seq = self._decoding[row]
@@ -376,21 +388,31 @@ class Engine:
         self.tokens += 1
         self._produced.append(times[-1])
         seq.put(token, chunk)
-        if seq.done:
-            seq.end(chunk=seq.close(self._decode))
+        if seq.done:  # its row is free (and its prefix stored) before the caller hears
+            last = seq.close(self._decode)
             self._leave(row)
+            seq.end(chunk=last)
 
     def _leave(self, row: int) -> None:
         """Free ``row``: the last decoding row moves into it, the prefilling one after it."""
         seq = self._decoding[row]
         if seq.cancelled.is_set() and not seq.done:
             seq.end()
+        self._save_prefix(seq, row)
         last = len(self._decoding) - 1
         if row != last:
             self.slots.move(last, row)
             self._decoding[row] = self._decoding[last]
         self._decoding.pop()
-        self.slots.release(last)
+        # The positions written: the prompt and every token fed back (not the last one).
+        self.slots.release(last, keep=[*seq.ids, *seq.generated[:-1]] if self._solo else None)
         if self._filling is not None:  # its row follows the decoding ones
             self.slots.move(last + 1, last)
             self.slots.release(last + 1)
+
+    def _save_prefix(self, seq: Sequence, row: int) -> None:
+        """Store the keys/values of ``seq``'s ``keep_prefix`` ids when the store lacks them
+        (after its last token went out: the write never delays it)."""
+        prefix = seq.ids[: seq.keep_prefix]
+        if self._store is not None and prefix and not self._store.path(prefix).exists():
+            self._store.save(prefix, self.slots.read(row, len(prefix)))

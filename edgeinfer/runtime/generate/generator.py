@@ -1,13 +1,12 @@
-"""Text generation on a decoder package: prompts (plain or chat), the decoding loop of
-``decoding.Decoder``, streamed text with stop strings, and the prefix KV cache (in memory, and
-on disk for system prompts).
+"""Text generation on a decoder package: prompts (plain or chat) in, streamed text with stop
+strings out, every request a sequence of the one scheduler (``engine.Engine``; one slot
+without continuous batching), the prefix KV cache in memory and on disk for system prompts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -23,17 +22,16 @@ from edgeinfer.errors import (
     ConfigError,
     ContextLengthExceededError,
     InputError,
-    MemoryBudgetError,
 )
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import DecoderIO
 from edgeinfer.runtime import memory
 from edgeinfer.runtime.generate import prefix_store
 from edgeinfer.runtime.generate.chat import Prompt, render_chat
-from edgeinfer.runtime.generate.decoding import Decoder
+from edgeinfer.runtime.generate.decoding import DecoderGraph
 from edgeinfer.runtime.generate.engine import Engine
-from edgeinfer.runtime.generate.kvcache import GROWTH_TOKENS
 from edgeinfer.runtime.generate.lm_tokenizer import load_tokenizer
+from edgeinfer.runtime.generate.lookup import PromptLookup
 from edgeinfer.runtime.generate.sequence import Sequence as Request
 from edgeinfer.runtime.generate.streaming import GenerationResult, TextChunk, TextStream
 
@@ -44,9 +42,6 @@ log = logging.getLogger(__name__)
 # What serving one request allocates besides its KV (logits, the sampler's arrays, Python's
 # objects), kept free under the memory budget.
 _RESERVE_BYTES = 8 * 2**20
-# Positions a request may write past prompt + max_new_tokens: the graph's spare row and a
-# prompt-lookup draft verified at the end (8 rows by default).
-_SPARE_POSITIONS = 16
 
 
 def _room_bytes(budget_bytes: int) -> int:
@@ -54,14 +49,14 @@ def _room_bytes(budget_bytes: int) -> int:
     return budget_bytes - memory.anonymous_bytes() - _RESERVE_BYTES
 
 
-class Generator(Decoder):
+class Generator:
     """Generate text with a ``generate`` package on onnxruntime.
 
-    Thread-safe. Without ``batching`` requests run one at a time (one KV cache, prompt lookup
-    when asked): a stream holds the generator until it is exhausted or closed. With
-    ``batching``, up to ``max_sequences`` requests are decoded together by one engine thread
-    (``engine.Engine``) and a stream holds nothing: an abandoned one frees its slot. Greedy
-    tokens are the same either way (see ``decoding``).
+    Thread-safe. Every request is a sequence of the one scheduler, ``engine.Engine``: with
+    ``batching`` up to ``max_sequences`` requests are decoded together; without it the engine
+    has one slot (requests take turns, a finished one's keys/values stay for the next prompt
+    that starts the same, greedy requests may draft by prompt lookup). A stream holds nothing:
+    an abandoned one frees its slot. Greedy tokens are the same either way (see ``engine``).
 
     Args:
         path: the package folder.
@@ -95,16 +90,14 @@ class Generator(Decoder):
         # first: a tokenizer.json's parse garbage goes back before the weights come in
         self._tok = load_tokenizer(Path(path), manifest.io_as(DecoderIO))
         memory.release_heap()
-        super().__init__(path, manifest, config=config, context_length=context_length)
+        graph = DecoderGraph(path, manifest, config=config, context_length=context_length)
+        self.io, self.manifest, self.providers = graph.io, manifest, graph.providers
+        self.context_length, self.stop_token_ids = graph.context_length, graph.stop_token_ids
         self.chat_format: dict[str, Any] | None = self.io.chat_format
         bos = manifest.tokens.get("bos")
         # A plain-text prompt starts with BOS when the tokenizer adds one (chat templates
         # write their own).
         self._bos = [int(bos)] if self.io.add_bos_token and bos is not None else []
-        # One cache, one sequence at a time: a request holds it until its stream ends (a stream
-        # left unfinished releases it when closed or collected).
-        self._lock = threading.Lock()
-        self.prefix_from_disk = 0  # tokens the last request loaded from the prefix store
         self._store = (
             None
             if prefix_cache is None
@@ -115,7 +108,9 @@ class Generator(Decoder):
                 max_bytes=prefix_cache.max_bytes,
             )
         )
-        # What the process may still grow into: requests are refused before they would pass it.
+        self._last: Request | None = None  # the latest request (its prefix figures)
+        # What the process may still grow into: requests wait (or are refused) before they
+        # would pass it.
         budget = self.memory_budget_bytes = config.memory_budget_bytes or memory.limit_bytes()
         if budget is not None and _room_bytes(budget) < budget // 4:
             log.warning(
@@ -130,25 +125,11 @@ class Generator(Decoder):
                 else "RuntimeConfig(file_backed_prepacks=True) (serve --file-backed-prepacks) "
                 "moves onnxruntime's prepacked weights into evictable file pages",
             )
-        if batching is not None and batching.kv_budget_bytes is None and budget is not None:
+        slots = batching or ContinuousBatchConfig(max_sequences=1)
+        if slots.kv_budget_bytes is None and budget is not None:
             room = max(_room_bytes(budget), 1)  # nothing left: every request refused, clearly
-            batching = dataclasses.replace(batching, kv_budget_bytes=room)
-        self.engine = None if batching is None else Engine(self, batching, decode=self.decode)
-
-    def _check_memory(self, tokens: int) -> None:
-        """Refuse a one-sequence request of ``tokens`` positions whose KV growth would not fit
-        the memory budget (the grown buffers are allocated before the old ones go)."""
-        cache, budget = self.cache, self.memory_budget_bytes
-        grown = min(cache.limit, -(-(tokens + _SPARE_POSITIONS) // GROWTH_TOKENS) * GROWTH_TOKENS)
-        if budget is None or grown <= cache.capacity:
-            return
-        per_token = cache.nbytes // cache.capacity
-        room = _room_bytes(budget)
-        if grown * per_token > room:
-            fits = max(cache.capacity, room // per_token // GROWTH_TOKENS * GROWTH_TOKENS) - 1
-            raise MemoryBudgetError(
-                needed_bytes=grown * per_token, free_bytes=room, budget_bytes=budget, fits=fits
-            )
+            slots = dataclasses.replace(slots, kv_budget_bytes=room)
+        self.engine = Engine(graph, slots, decode=self.decode, store=self._store)
 
     # -- prompt --------------------------------------------------------------------------------
 
@@ -183,11 +164,7 @@ class Generator(Decoder):
     ) -> Iterator[TextChunk]:
         """Generate and yield text as it comes (see ``generate`` for the arguments)."""
         request = self._request(prompt, max_new_tokens, sampling, stop, timeout_s, live=True)
-        if self.engine is not None:
-            yield from self.engine.add(request).chunks()
-            return
-        with self._lock:
-            yield from self._solo(request, prompt)
+        yield from self.engine.add(request).chunks()
 
     def generate(
         self,
@@ -211,11 +188,7 @@ class Generator(Decoder):
             ContextLengthExceededError: before any work, when the request cannot fit.
         """
         request = self._request(prompt, max_new_tokens, sampling, stop, timeout_s, live=False)
-        if self.engine is not None:
-            text = "".join(chunk.text for chunk in self.engine.add(request).chunks())
-        else:
-            with self._lock:
-                text = "".join(chunk.text for chunk in self._solo(request, prompt))
+        text = "".join(chunk.text for chunk in self.engine.add(request).chunks())
         state = request.state
         return GenerationResult(
             text=text,
@@ -227,26 +200,47 @@ class Generator(Decoder):
         )
 
     def warm_up(self, runs: int) -> None:
-        """Kernel selection and allocations before requests (see ``Decoder.warm_up``)."""
-        if self.engine is not None:
-            self.engine.warm_up(runs)
-        else:
-            super().warm_up(runs)
+        """Kernel selection and allocations before requests (see ``Engine.warm_up``)."""
+        self.engine.warm_up(runs)
 
     def close(self) -> None:
-        """Stop the continuous-batching thread (requests still running end with an error)."""
-        if self.engine is not None:
-            self.engine.close()
+        """Stop the engine's thread (requests still running end with an error)."""
+        self.engine.close()
 
     @property
     def max_sequences(self) -> int:
-        """Generations decoded at once: the engine's slots with ``batching``, else 1."""
-        return 1 if self.engine is None else self.engine.max_sequences
+        """Generations decoded at once: the engine's slots (1 without ``batching``)."""
+        return self.engine.max_sequences
 
     def generation_stats(self) -> dict[str, Any] | None:
-        """The continuous-batching engine's figures now (``Engine.stats``); ``None`` without
-        ``batching``."""
-        return None if self.engine is None else self.engine.stats()
+        """The engine's figures now (``Engine.stats``) with ``batching``; ``None`` without."""
+        return None if self.engine.max_sequences == 1 else self.engine.stats()
+
+    @property
+    def prefix_reused(self) -> int:
+        """Prompt tokens the latest request did not run: kept from the request before it,
+        or loaded from the prefix store."""
+        return 0 if self._last is None else self._last.reused
+
+    @property
+    def prefix_from_disk(self) -> int:
+        """Prompt tokens the latest request loaded from the prefix store."""
+        return 0 if self._last is None else self._last.from_disk
+
+    @property
+    def lookup(self) -> PromptLookup | None:
+        """The latest request's prompt lookup (its drafted and accepted counts), when it
+        drafted."""
+        return None if self._last is None else self._last.lookup
+
+    @property
+    def run_seconds(self) -> float:
+        """Seconds spent inside onnxruntime since the warm-up."""
+        return self.engine.run_seconds
+
+    def forget_prefix(self) -> None:
+        """Make the next request prefill from position 0 (a cold time to first token)."""
+        self.engine.forget_prefix()
 
     def warm_prefix(self, prefix: str) -> int:
         """Put the keys/values of ``prefix`` (a fixed instruction every prompt starts with)
@@ -254,23 +248,27 @@ class Generator(Decoder):
         Returns the prefix's token count. End ``prefix`` where tokenization cannot merge
         across (a newline, a special token), or the prompts' ids will not start with its ids.
         """
-        if self.engine is not None:
+        if self.engine.max_sequences > 1:
             raise ConfigError(
                 "warm_prefix keeps one sequence's cache; it is not available with continuous "
                 "batching (each request prefills its own prompt)"
             )
-        with self._lock:
-            ids = self.encode(prefix)
-            if len(ids) >= self.context_length:
-                raise ContextLengthExceededError(
-                    prompt_tokens=len(ids), max_new_tokens=1, context_length=self.context_length
-                )
-            from_disk = prefix_store.restore(self._store, self.cache, ids)
-            self.prefix_from_disk = len(ids) if from_disk else 0
-            if self.cache.ids[: len(ids)] != ids:
-                self.prefill(ids)
-            prefix_store.save(self._store, self.cache, ids)
-            return len(ids)
+        ids = self.encode(prefix)
+        if len(ids) >= self.context_length:
+            raise ContextLengthExceededError(
+                prompt_tokens=len(ids), max_new_tokens=1, context_length=self.context_length
+            )
+        # One token after the prefix: the slot then keeps the prefix's keys/values.
+        seq = Request(
+            ids,
+            max_new_tokens=1,
+            sampling=SamplingConfig(),
+            stop_token_ids=frozenset(),
+            keep_prefix=len(ids),
+        )
+        self._last = seq
+        list(self.engine.add(seq))
+        return len(ids)
 
     def _system_ids(self, prompt: Prompt, ids: Sequence[int]) -> list[int]:
         """The ids of the chat template's start plus the system message, when ``prompt`` is a
@@ -294,9 +292,8 @@ class Generator(Decoder):
         """The request's sequence: its ids, sampler, text stream and stop rules."""
         started = time.perf_counter()
         ids = self.encode(prompt)
-        if self.engine is None:  # the engine admits within its KV budget
-            self._check_memory(len(ids) + max_new_tokens)
-        return Request(
+        keep = len(self._system_ids(prompt, ids)) if self._store is not None else 0
+        request = self._last = Request(
             ids,
             max_new_tokens=max_new_tokens,
             sampling=sampling or SamplingConfig(),
@@ -304,28 +301,6 @@ class Generator(Decoder):
             text=TextStream(self._tok, stop, live=live),  # generate(): the text at the end
             deadline=None if timeout_s is None else started + timeout_s,
             started=started,
+            keep_prefix=keep,
         )
-
-    def _solo(self, request: Request, prompt: Prompt) -> Iterator[TextChunk]:
-        """Decode ``request`` on the one-sequence cache (prompt lookup when asked); the
-        sequence's rules decide when it ends."""
-        if request.expired():  # it waited for the cache past its deadline
-            yield request.close(self.decode)
-            return
-        ids = request.ids
-        system = self._system_ids(prompt, ids) if self._store is not None else []
-        from_disk = prefix_store.restore(self._store, self.cache, system)
-        self.prefix_from_disk = len(system) if from_disk else 0
-        try:
-            tokens = self.tokens(
-                ids, max_new_tokens=request.max_new_tokens, sampling=request.sample.config
-            )
-            for token in tokens:
-                chunk = request.accept(token)
-                if chunk is not None:
-                    yield chunk
-                if request.done:
-                    break
-            yield request.close(self.decode)
-        finally:
-            prefix_store.save(self._store, self.cache, system)  # the write never delays a token
+        return request

@@ -26,9 +26,8 @@ import numpy as np
 
 from edgeinfer.package_io import DecoderIO
 from edgeinfer.runtime.generate.chat import Prompt, fill_message
-from edgeinfer.runtime.generate.kvcache import KVCache
 
-__all__ = ["PrefixStore", "restore", "save", "system_text"]
+__all__ = ["PrefixStore", "system_text"]
 
 log = logging.getLogger(__name__)
 
@@ -143,26 +142,6 @@ class PrefixStore:
         log.warning("prefix KV file %s is %s; deleting it, the prefix is recomputed", path, why)
         with contextlib.suppress(OSError):
             path.unlink()
-
-
-def restore(store: PrefixStore | None, cache: KVCache, ids: Sequence[int]) -> bool:
-    """Load the keys/values of ``ids`` from ``store`` into ``cache``, unless it holds them
-    already; True when they came from disk."""
-    if store is None or not ids or cache.ids[: len(ids)] == list(ids):
-        return False
-    kv = store.load(ids)
-    if kv is None:
-        return False
-    cache.write_prefix(kv, list(ids))
-    return True
-
-
-def save(store: PrefixStore | None, cache: KVCache, ids: Sequence[int]) -> None:
-    """Store the keys/values of ``ids`` when ``cache`` holds them and ``store`` does not."""
-    if store is None or not ids or cache.ids[: len(ids)] != list(ids):
-        return
-    if not store.path(ids).exists():
-        store.save(ids, cache.read_prefix(len(ids)))
 
 
 def system_text(chat_format: Mapping[str, Any] | None, prompt: Prompt) -> str | None:

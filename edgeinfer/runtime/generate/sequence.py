@@ -23,6 +23,7 @@ from collections.abc import Sequence as Ids
 from typing import Any
 
 from edgeinfer.config import SamplingConfig
+from edgeinfer.runtime.generate.lookup import PromptLookup
 from edgeinfer.runtime.generate.sampling import Sampler
 from edgeinfer.runtime.generate.streaming import StreamState, TextChunk, TextStream
 
@@ -42,6 +43,8 @@ class Sequence:
         text: the detokenizer with the stop strings; ``None``: token ids only.
         deadline: a ``time.perf_counter()`` value that ends the sequence (``deadline``).
         started: when the request began (its time to first token counts from here).
+        keep_prefix: how many leading prompt ids are worth keeping in the prefix store (a
+            chat's system prompt); 0: none.
         clock: the time source of ``deadline`` and ``started`` (``time.perf_counter``).
     """
 
@@ -55,6 +58,7 @@ class Sequence:
         text: TextStream | None = None,
         deadline: float | None = None,
         started: float | None = None,
+        keep_prefix: int = 0,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.ids = list(ids)
@@ -72,6 +76,12 @@ class Sequence:
         self.done = False
         self.cancelled = threading.Event()
         self.token_s: list[float] = []  # perf_counter of each accepted token, when decoded
+        self.keep_prefix = keep_prefix
+        # What the engine found when it started the sequence: prompt tokens it did not run
+        # (kept by its slot or loaded), of them those loaded from the prefix store.
+        self.reused = 0
+        self.from_disk = 0
+        self.lookup: PromptLookup | None = None  # its prompt lookup, when it drafts
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
     @property

@@ -9,7 +9,10 @@ at the front: when a sequence leaves, the ones after it move up (their used posi
 Memory per sequence is what it uses. Each buffer is anonymous ``mmap`` memory: the kernel
 gives a page only when a run writes it, a row's pages are handed back (``madvise``
 ``MADV_DONTNEED``) when its sequence leaves, so an idle slot costs nothing and a sequence of
-``n`` tokens holds ``n`` positions' pages, not the capacity ``C``. ``C`` (the same for every row)
+``n`` tokens holds ``n`` positions' pages, not the capacity ``C``. A released row may instead
+keep what it holds (``release(row, keep=ids)``): a one-slot engine's next prompt that starts
+with those ids is prefilled from where they end, as a chat's next turn or a shared system
+prompt is. ``C`` (the same for every row)
 grows in steps of ``kvcache.GROWTH_TOKENS`` when a request needs more, as one sequence's cache
 does; attention's work grows with ``C``, so it starts small.
 """
@@ -46,6 +49,7 @@ class SlotCache:
             2 * io.num_layers * io.num_kv_heads * io.head_dim * self.dtype.itemsize
         )
         self.lengths = [0] * rows  # positions in use per row (the mask's ones)
+        self._kept: list[list[int]] = [[] for _ in range(rows)]  # a released row's ids
         self.generation = 0  # bumped on every reallocation: bindings over old buffers are stale
         self._maps: list[mmap.mmap] = []
         self.buffers: list[np.ndarray] = []
@@ -62,8 +66,9 @@ class SlotCache:
         buffers = [np.frombuffer(m, self.dtype).reshape(shape) for m in maps]
         for new, old in zip(buffers, self.buffers, strict=False):
             for row, used in enumerate(self.lengths):
-                if used:
-                    new[row, :, :used] = old[row, :, :used]
+                held = max(used, len(self._kept[row]))
+                if held:
+                    new[row, :, :held] = old[row, :, :held]
         mask = np.zeros((self.rows, capacity), np.int64)
         for row, used in enumerate(self.lengths):
             mask[row, :used] = 1
@@ -115,14 +120,36 @@ class SlotCache:
     def move(self, source: int, target: int) -> None:
         """Copy row ``source``'s used positions and mask into row ``target`` (a lower row)."""
         used = self.lengths[source]
+        self._kept[target] = []
         for buffer in self.buffers:
             buffer[target, :, :used] = buffer[source, :, :used]
         self.open(target, 0)
         self.open(target, used)
 
-    def release(self, row: int) -> None:
-        """Forget ``row``: its mask cleared, its pages handed back to the kernel."""
+    def take(self, row: int) -> list[int]:
+        """The ids whose keys/values ``row`` kept at its release (a new sequence starts on it:
+        it reuses what it shares with them and overwrites the rest)."""
+        kept, self._kept[row] = self._kept[row], []
+        return kept
+
+    def write(self, row: int, kv: np.ndarray) -> None:
+        """Put ``kv`` [2 * layers, H_kv, n, D] (``read``'s layout) into positions 0..n-1 of
+        ``row`` (the buffers hold them: ``ensure`` first)."""
+        for buffer, rows in zip(self.buffers, kv, strict=True):
+            buffer[row, :, : rows.shape[1]] = rows
+
+    def read(self, row: int, length: int) -> np.ndarray:
+        """A copy of positions 0..length-1 of ``row``: [2 * layers, H_kv, length, D], keys
+        then values per layer (what the on-disk prefix store keeps)."""
+        return np.stack([buffer[row, :, :length] for buffer in self.buffers])
+
+    def release(self, row: int, *, keep: list[int] | None = None) -> None:
+        """Forget ``row``: its mask cleared, its pages handed back to the kernel; ``keep``:
+        the ids whose keys/values its first positions hold stay there instead (``take``)."""
         self.open(row, 0)
+        self._kept[row] = keep or []
+        if keep:
+            return
         row_bytes = self.buffers[0][0].nbytes
         start, end = row * row_bytes, (row + 1) * row_bytes
         start = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages inside the row only

@@ -63,6 +63,11 @@ class GenerateModel(Model):
         """As ``generate``, yielding text as it is decoded (never half a character)."""
         return self._generator.stream(prompt, **options)
 
+    def encode(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids as ``generate`` runs them (chat messages through the
+        package's template, a plain prompt after BOS when the tokenizer adds one)."""
+        return self._generator.encode(prompt)
+
     def warm_prefix(self, prefix: str) -> int:
         """Load (or prefill and store) the keys/values of text every prompt starts with;
         returns its token count. A chat's system message needs no call: it is kept
