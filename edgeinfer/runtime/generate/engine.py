@@ -38,8 +38,6 @@ from collections.abc import Callable
 from collections.abc import Sequence as Ids
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from edgeinfer.config import ContinuousBatchConfig, SamplingConfig
 from edgeinfer.errors import (
     ConfigError,
@@ -50,6 +48,7 @@ from edgeinfer.errors import (
     PackageError,
 )
 from edgeinfer.runtime.generate.lookup import PromptLookup, accept_greedy
+from edgeinfer.runtime.generate.meter import Meter
 from edgeinfer.runtime.generate.runs import Runs
 from edgeinfer.runtime.generate.sequence import Sequence
 from edgeinfer.runtime.generate.slots import SlotCache
@@ -62,8 +61,6 @@ if TYPE_CHECKING:
 __all__ = ["Engine"]
 
 log = logging.getLogger(__name__)
-
-_WINDOW_S = 10.0  # tokens/s over the last 10 s
 
 
 class Engine:
@@ -115,11 +112,7 @@ class Engine:
         self._forget = False  # drop what the rows kept before the next sequence starts
         self._cond = threading.Condition()
         self._stopping = False
-        # Metrics: inter-token gaps, queue waits (ms) and token times.
-        self._gaps: deque[float] = deque(maxlen=4096)
-        self._waits: deque[float] = deque(maxlen=512)
-        self._produced: deque[float] = deque(maxlen=4096)  # when each token came
-        self.tokens = 0
+        self.meter = Meter()
         self._thread = threading.Thread(target=self._loop, name="edgeinfer-batch", daemon=True)
         self._thread.start()
 
@@ -195,19 +188,11 @@ class Engine:
     def stats(self) -> dict[str, Any]:
         """What the engine runs now and how fast: active and waiting sequences, aggregate
         tokens/s over the last 10 s, inter-token p50/p99 and queue-wait p50 (ms), KV bytes."""
-        now = time.perf_counter()
-        recent = sum(1 for t in list(self._produced) if now - t <= _WINDOW_S)
-        # list(): one C-level copy each, taken whole while the engine's thread appends
-        gaps, waits = np.array(list(self._gaps) or [0.0]), np.array(list(self._waits) or [0.0])
         return {
             "max_sequences": self.max_sequences,
             "active": len(self._decoding) + (self._filling is not None),
             "waiting": len(self._waiting),
-            "tokens": self.tokens,
-            "tokens_per_s": round(recent / _WINDOW_S, 2),
-            "inter_token_ms_p50": round(float(np.percentile(gaps, 50)), 3),
-            "inter_token_ms_p99": round(float(np.percentile(gaps, 99)), 3),
-            "queue_wait_ms_p50": round(float(np.percentile(waits, 50)), 3),
+            **self.meter.summary(),
             "kv_bytes": self.slots.nbytes,
         }
 
@@ -222,10 +207,7 @@ class Engine:
                     list(seq)
         self.forget_prefix()
         self._runs.seconds = 0.0
-        self._gaps.clear()
-        self._waits.clear()
-        self._produced.clear()
-        self.tokens = 0
+        self.meter.clear()
 
     def close(self) -> None:
         """Stop the thread; waiting and running sequences end with an error."""
@@ -283,7 +265,7 @@ class Engine:
             if held + seq.needed_positions > self.kv_budget_positions:
                 return
         self._waiting.popleft()
-        self._waits.append((now - seq.started) * 1e3)
+        self.meter.admitted(now - seq.started)
         if self._forget:
             for row in range(self.slots.rows):
                 self.slots.take(row)
@@ -382,11 +364,7 @@ class Engine:
     def _deliver(self, row: int, token: int) -> None:
         seq = self._decoding[row]
         chunk = seq.accept(token)
-        times = seq.token_s
-        if len(times) > 1:
-            self._gaps.append((times[-1] - times[-2]) * 1e3)
-        self.tokens += 1
-        self._produced.append(times[-1])
+        self.meter.token(seq.token_s)
         seq.put(token, chunk)
         if seq.done:  # its row is free (and its prefix stored) before the caller hears
             last = seq.close(self._decode)
