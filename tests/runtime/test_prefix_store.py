@@ -207,3 +207,34 @@ def test_load_takes_the_prefix_cache_for_generate_packages_only(
     assert again.warm_prefix("Shift report.\n") > 0 and len(prefix_files(tmp_path)) == 2
     with pytest.raises(ConfigError, match="prefix_cache serves generate packages"):
         edgeinfer.load(fast_encoder, prefix_cache=config)
+
+
+@pytest.mark.parametrize("forgery", ["another device's file", "keys/values rewritten"])
+def test_a_forged_entry_is_refused_and_recomputed(
+    fast_decoder: Path, tmp_path: Path, forgery: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two stores of one package and prefix: a file the other device wrote, or one whose
+    keys/values were rewritten with a valid zip around them, lands under this store's name;
+    it is refused (its tag is not this device's), deleted and recomputed."""
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    expected = generator(fast_decoder, here).generate(CHAT, max_new_tokens=8).text
+    (own,) = prefix_files(here)
+    assert generator(fast_decoder, elsewhere).generate(CHAT, max_new_tokens=8).text == expected
+    (theirs,) = prefix_files(elsewhere)
+    assert theirs.name == own.name  # the same package and prefix: the same name
+    if forgery == "another device's file":
+        shutil.copy(theirs, own)
+    else:
+        with np.load(own, allow_pickle=False) as data:
+            parts = {name: data[name] for name in data.files}
+        parts["kv"] = parts["kv"] * 2  # attention fed other keys/values, the tag kept
+        with open(own, "wb") as f:
+            np.savez(f, **parts)
+    restarted = generator(fast_decoder, here)
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.runtime.generate.prefix_store"):
+        assert restarted.generate(CHAT, max_new_tokens=8).text == expected
+    assert restarted.prefix_from_disk == 0
+    assert "not tagged by this device's cache key" in caplog.text
+    again = generator(fast_decoder, here)  # stored again, with this device's tag
+    assert again.generate(CHAT, max_new_tokens=8).text == expected
+    assert again.prefix_from_disk > 0

@@ -4,9 +4,14 @@ One ``.npz`` file per prefix (``np.savez``, read back with ``allow_pickle=False`
 ever), named by a sha256 over the package digest, the KV geometry and dtype, and the prefix's
 token ids. The file holds ``kv`` [2 * layers, H_kv, n, D] (the package's KV dtype), the ``ids``
 and a JSON ``header`` repeating the fingerprint, checked again on load: a renamed or colliding
-file is refused. Writes go to a temporary file first, then ``os.replace``: a reader sees a whole
-file or none. The zip's CRC-32 catches a corrupted or truncated file; whatever cannot be read is
-logged, deleted and recomputed by the caller: generation never fails because of the store.
+file is refused. The keys/values go into the graph's attention as they are, so each file also
+carries an HMAC-SHA256 ``tag`` over header, ids and keys/values under the folder's device key
+(``runtime.cache.integrity``, as the prepack cache): a file written by anyone without the key
+(copied from another device, planted by another account) is refused and deleted. Writes go to
+a temporary file first, then ``os.replace``: a reader sees a whole file or none. The zip's
+CRC-32 catches a corrupted or truncated file; whatever cannot be read is logged, deleted and
+recomputed by the caller: generation never fails because of the store (a cache key that is not
+this user's private file is a ``ConfigError`` saying what to remove).
 """
 
 from __future__ import annotations
@@ -25,13 +30,15 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.package_io import DecoderIO
+from edgeinfer.runtime.cache.integrity import CacheKey
 from edgeinfer.runtime.generate.chat import Prompt, fill_message
 
 __all__ = ["PrefixStore", "system_text"]
 
 log = logging.getLogger(__name__)
 
-_FORMAT = 1  # bump when the file layout changes: old files then miss instead of misreading
+_FORMAT = 2  # bump when the file layout changes: old files then miss instead of misreading
+_PURPOSE = "prefix-kv"  # what a prefix file's tag is for (runtime.cache.integrity)
 _SUFFIX = ".npz"
 
 
@@ -50,6 +57,7 @@ class PrefixStore:
     ) -> None:
         self.directory = Path(directory)
         self.max_bytes = max_bytes
+        self._cache_key: CacheKey | None = None
         self._layers = io.num_layers
         self._heads = io.num_kv_heads
         self._head_dim = io.head_dim
@@ -76,9 +84,11 @@ class PrefixStore:
         path = self.path(ids)
         try:
             with np.load(path, allow_pickle=False) as data:
-                header = json.loads(bytes(data["header"]).decode())
+                raw_header = bytes(data["header"])
+                header = json.loads(raw_header.decode())
                 stored_ids = data["ids"]
                 kv: np.ndarray = data["kv"]
+                tag = bytes(data["tag"])
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
@@ -91,6 +101,9 @@ class PrefixStore:
             return None
         if kv.shape != expected or kv.dtype != np.dtype(self._dtype):
             self._discard(path, f"holds {kv.dtype}{kv.shape}, expected {self._dtype}{expected}")
+            return None
+        if not self._key().verify(tag, _PURPOSE, *_parts(raw_header, stored_ids, kv)):
+            self._discard(path, "not tagged by this device's cache key")
             return None
         with contextlib.suppress(OSError):
             os.utime(path)  # the eviction order is by last use
@@ -105,13 +118,21 @@ class PrefixStore:
             )
             return
         path = self.path(ids)
-        header = np.frombuffer(json.dumps(self._fingerprint, sort_keys=True).encode(), np.uint8)
+        raw_header = json.dumps(self._fingerprint, sort_keys=True).encode()
+        stored_ids, kv = np.asarray(ids, np.int64), np.ascontiguousarray(kv)
+        tag = self._key().tag(_PURPOSE, *_parts(raw_header, stored_ids, kv))
         tmp = None
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".prefix-", suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, kv=kv, ids=np.asarray(ids, np.int64), header=header)
+                np.savez(
+                    f,
+                    kv=kv,
+                    ids=stored_ids,
+                    header=np.frombuffer(raw_header, np.uint8),
+                    tag=np.frombuffer(tag, np.uint8),
+                )
             os.replace(tmp, path)
             tmp = None
             self._evict(keep=path)
@@ -138,10 +159,26 @@ class PrefixStore:
                     path.unlink()
                 total -= size
 
+    def _key(self) -> CacheKey:
+        """The folder's device key (read, or made with the folder, on first use).
+
+        Raises:
+            ConfigError: the key file is not this user's private key (what to remove).
+        """
+        if self._cache_key is None:
+            self._cache_key = CacheKey.of_folder(self.directory)
+        return self._cache_key
+
     def _discard(self, path: Path, why: str) -> None:
         log.warning("prefix KV file %s is %s; deleting it, the prefix is recomputed", path, why)
         with contextlib.suppress(OSError):
             path.unlink()
+
+
+def _parts(header: bytes, ids: np.ndarray, kv: np.ndarray) -> tuple[bytes, bytes, memoryview]:
+    """What a prefix file's tag covers: its header, ids (little-endian int64) and keys/values
+    (C order, as stored)."""
+    return header, ids.astype("<i8").tobytes(), np.ascontiguousarray(kv).data.cast("B")
 
 
 def system_text(chat_format: Mapping[str, Any] | None, prompt: Prompt) -> str | None:
