@@ -1,6 +1,7 @@
 """``edgeinfer bench PKG --concurrency 1,2,4,8``: C generations at once on one generate package
-(the runtime's continuous batching, C slots) beside llama.cpp's server with C parallel slots
-(continuous batching on), in the same run.
+(the runtime's continuous batching, C slots; C = 1 is the package as ``edgeinfer.load`` gives
+it by default, the solo path) beside llama.cpp's server with C parallel slots (continuous
+batching on), in the same run.
 
 Each stream has its own prompt (``Write a short story about a ...``, one subject per stream,
 through the package's chat template; the same token ids to both engines) and generates
@@ -20,8 +21,9 @@ Both engines are clocked the same way, by the Python thread that consumes each s
 - per-stream decode tokens/s: ``tokens`` over that stream's first-to-last token time; median
   over streams and rounds. Inter-token p50/p99: every gap between a stream's consecutive
   tokens, pooled over streams and rounds. TTFT: submission to first token, p50 and max.
-- identical: every stream of every round equals its prompt run alone (C = 1) on the same engine
-  (token ids for ours; text for llama.cpp, whose wheel does not report every id).
+- identical: every stream of every round equals its prompt run alone (C = 1: for ours the
+  default ``load()`` path) on the same engine (token ids for ours; text for llama.cpp, whose
+  wheel does not report every id). ``vs 1 stream`` is the aggregate over the solo path's.
 """
 
 from __future__ import annotations

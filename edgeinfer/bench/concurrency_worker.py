@@ -56,17 +56,17 @@ def _package(spec: dict[str, Any]) -> Start:
     from edgeinfer.manifest import Manifest
     from edgeinfer.runtime.generate.generator import Generator
 
-    path, tokens = Path(spec["path"]), int(spec["tokens"])
+    path, tokens, slots = Path(spec["path"]), int(spec["tokens"]), int(spec["concurrency"])
     longest = max(len(p) for p in [*spec["prompts"], *spec["references"]])
     gen = Generator(
         path,
         Manifest.read(path),
         config=RuntimeConfig(threads=int(spec["threads"])),
         context_length=longest + tokens + 1,
-        batching=ContinuousBatchConfig(max_sequences=int(spec["concurrency"])),
+        # One stream: the default load() (its engine of one slot), the reference of the rest.
+        batching=None if slots == 1 else ContinuousBatchConfig(max_sequences=slots),
     )
     engine = gen.engine
-    assert engine is not None  # made by batching=
 
     def start(ids: list[int]) -> Stream:
         submitted = time.perf_counter()
