@@ -1,6 +1,6 @@
 """One answer whatever the load: a request's tokens are the same bits whether its package was
 loaded with continuous batching or not, and whether it is decoded alone or beside other
-streams, on the tiny decoder and on a real exported one (SmolLM2-135M, int8)."""
+streams, on the tiny decoder and on real exported ones (SmolLM2-135M and Gemma 3 270M, int8)."""
 
 from __future__ import annotations
 
