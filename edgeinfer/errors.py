@@ -303,6 +303,7 @@ DeployRefusal = Literal[
     "too_large",  # more bytes than signed or allowed, or an oversized message
     "not_receiving",  # a chunk or commit for a deploy that is not in progress
     "no_previous",  # a rollback to a package this device does not keep
+    "in_trial",  # a deploy of a name whose last deploy is still in its trial window
 ]
 
 

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from edgeinfer.errors import (
+    BridgeError,
     BrokerAuthError,
     BrokerUnavailableError,
     ConfigError,
@@ -244,3 +246,38 @@ class Handshake:
                 f"the broker at {self.broker} refused {self.refused}; check the user name "
                 "and password"
             )
+
+
+def subscriber(
+    conn: Connection,
+    topics: list[tuple[str, int]],
+    on_message: Callable[[Any, Any, Any], None],
+    *,
+    timeout_s: float,
+    max_inflight: int | None = None,
+) -> PahoClient:
+    """A started paho client subscribed to ``topics`` (again after every reconnect) that
+    hands each message to ``on_message`` (``max_inflight``: QoS 1 publishes in flight, set
+    before connecting as paho requires); returns once subscribed (``Handshake.wait``'s
+    errors, the client stopped)."""
+    handshake = Handshake(conn)
+    client = new_paho_client(conn)
+    if max_inflight is not None:
+        client.max_inflight_messages_set(max_inflight)
+
+    def on_connect(c: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        if handshake.connected(reason):
+            c.subscribe(topics)
+
+    client.on_connect = on_connect
+    client.on_subscribe = lambda c, u, mid, reasons, p: handshake.subscribed(reasons)
+    client.on_message = on_message
+    connect_async(client, conn)
+    client.loop_start()
+    try:
+        handshake.wait(timeout_s=timeout_s)
+    except BridgeError:
+        client.disconnect()
+        client.loop_stop()
+        raise
+    return client

@@ -19,6 +19,7 @@ from edgeinfer.cli import (
     deploy_cmd,
     detect_cmd,
     export_cmd,
+    fleet_cmd,
     generate_cmd,
     inspect_cmd,
     profile_cmd,
@@ -64,6 +65,8 @@ app.command("keygen")(sign_cmd.keygen)
 app.command("sign")(sign_cmd.sign)
 app.command("deploy")(deploy_cmd.deploy)
 app.command("rollback")(deploy_cmd.rollback)
+app.command("rollout")(fleet_cmd.rollout)
+app.add_typer(fleet_cmd.app, name="fleet")
 app.add_typer(cache_cmd.app, name="cache")
 
 

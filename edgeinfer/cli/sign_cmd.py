@@ -68,6 +68,21 @@ def sign(
             "devices that connect weekly; a captured release is stale within a month)"
         ),
     ] = 30.0,
+    trial: Annotated[
+        bool,
+        typer.Option(
+            help="devices serve it in a trial window against the package it replaces and "
+            "commit it only if it holds up on their own traffic (else they roll back)"
+        ),
+    ] = False,
+    trial_set: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="a trial threshold, NAME=NUMBER (repeatable; implies --trial): window_s, "
+            "max_window_s, min_requests, min_shadow, shadow_share, max_error_rate, "
+            "max_p99_ratio, min_agreement, min_cosine"
+        ),
+    ] = None,
     json_out: JsonOut = False,
     device: Annotated[list[str] | None, deprecated("--device", instead="--device-id")] = None,
 ) -> None:
@@ -87,6 +102,7 @@ def sign(
         name=name,
         version=version,
         expires_in_days=expires_in_days,
+        trial=_trial(trial_set) if trial or trial_set else None,
     )
     if json_out:
         print_json(record)
@@ -96,3 +112,19 @@ def sign(
             f"signed {package} with key {record['key_id']}: {release['name']} version "
             f"{release['version']} for {release['devices'] or release['compatible']}"
         )
+
+
+def _trial(settings: list[str] | None) -> dict[str, float | int]:
+    """``--trial-set NAME=NUMBER`` options as the release's trial thresholds."""
+    from edgeinfer.errors import ConfigError
+
+    thresholds: dict[str, float | int] = {}
+    for item in settings or []:
+        key, _, value = item.partition("=")
+        try:
+            number = float(value)
+        except ValueError as exc:
+            raise ConfigError(f"--trial-set {item!r}: expected NAME=NUMBER") from exc
+        whole = key.strip() in ("min_requests", "min_shadow") and number.is_integer()
+        thresholds[key.strip()] = int(number) if whole else number
+    return thresholds

@@ -31,22 +31,18 @@ import logging
 import shutil
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.bridge.ota.check import (
-    DEFAULT_CHECK_TIMEOUT_S,
-    BoundedCheck,
-    CheckLimits,
-    LoadOptions,
-)
-from edgeinfer.bridge.ota.jobs import CommitJob, JobQueue, PendingDeploy, RollbackJob
+from edgeinfer.bridge.ota.check import BoundedCheck
+from edgeinfer.bridge.ota.deploy_config import DeployConfig, default_smoke_check
+from edgeinfer.bridge.ota.jobs import CommitJob, JobQueue, PendingDeploy, RollbackJob, TrialEndJob
 from edgeinfer.bridge.ota.release import Release, RollbackOrder, signed_manifest
-from edgeinfer.bridge.ota.signing import TrustedKeys
 from edgeinfer.bridge.ota.staging import MAX_CONTROL_BYTES, Staging
 from edgeinfer.bridge.ota.state import Kept, Names, remove_partial
 from edgeinfer.bridge.ota.status import DeployStatus, Publish
+from edgeinfer.bridge.ota.trials import Trials, after_verdict
 from edgeinfer.bridge.serve.serving import ModelTable, ServedModel
 from edgeinfer.bridge.serve.settings import TOPIC_LEVEL_BAD
 from edgeinfer.bridge.wire import protocol as proto
@@ -61,58 +57,6 @@ _MAX_MISSING_LISTED = 1024  # indexes in one status message (the rest follow aft
 # How long ``stop`` waits for the deploy step under way once its check is killed: a load of a
 # package whose check passed within its limit (the thread is a daemon: the process exits).
 DEFAULT_STOP_TIMEOUT_S = 5.0
-
-
-def default_smoke_check(model: Any) -> None:
-    """The package's own smoke check (inputs recorded at export with expected outputs)."""
-    from edgeinfer.runtime import smoke
-
-    smoke.check(model)
-
-
-def _default_loader(path: Path) -> ServedModel:
-    import edgeinfer
-
-    return edgeinfer.load(path)
-
-
-@dataclass(frozen=True)
-class DeployConfig:
-    """How a bridge takes deploys.
-
-    Args:
-        folder: where staging and deployed packages live (previous + active + staging only).
-        trusted: the public keys (and revoked key ids) signatures are checked against.
-        loader: loads and warms a package folder (default ``edgeinfer.load``).
-        smoke_check: raises when a loaded package does not reproduce its recorded outputs.
-        max_package_bytes: larger packages are refused at ``begin``.
-        compatible: device classes this device belongs to (``sign --compatible``).
-        check_timeout_s: wall-clock seconds a new package's check (load, warm-up, smoke
-            cases, in a child process) may take; past it the check is killed and the deploy
-            fails (``check_limit``). A release may sign a lower one.
-        check_memory_bytes: data memory that check may use (``RLIMIT_DATA``); ``None``: 3/4
-            of the memory available when it starts. A release may sign a lower one.
-        check_load: how the check's child loads the package: as ``loader`` does (threads,
-            a generate package's slots), so that it warms up the same way.
-    """
-
-    folder: Path
-    trusted: TrustedKeys
-    loader: Callable[[Path], ServedModel] = _default_loader
-    smoke_check: Callable[[Any], None] = default_smoke_check
-    max_package_bytes: int = 4 << 30
-    compatible: tuple[str, ...] = ()
-    check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S
-    check_memory_bytes: int | None = None
-    check_load: LoadOptions = field(default_factory=LoadOptions)
-
-    def __post_init__(self) -> None:
-        CheckLimits(timeout_s=self.check_timeout_s, memory_bytes=self.check_memory_bytes)
-
-    @property
-    def limits(self) -> CheckLimits:
-        """The check's limits on this device."""
-        return CheckLimits(timeout_s=self.check_timeout_s, memory_bytes=self.check_memory_bytes)
 
 
 class Deployer:
@@ -146,6 +90,7 @@ class Deployer:
         self._ended: dict[Any, BaseException] = {}  # the deploy a failed chunk write ended
         self.names = Names(config.folder, origins=origins, trusted=config.trusted)
         self._jobs = JobQueue()
+        self.trials = Trials(self._jobs.put)
         self._check = BoundedCheck()
         # A daemon: a load under way when ``stop`` gives up must not keep the process alive.
         self._thread = threading.Thread(target=self._loop, name="edgeinfer-deploy", daemon=True)
@@ -164,6 +109,7 @@ class Deployer:
         killed (its deploy fails; its folder is removed now or at the next start), and a load
         under way gets ``timeout_s`` to finish."""
         self._jobs.close()
+        self.trials.stop()
         self._check.kill()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
@@ -246,6 +192,7 @@ class Deployer:
             or name == self.staging.folder.name
         ):
             raise ConfigError(f"deploy name {name!r} is not a valid topic level (nor 'staging')")
+        self.trials.refuse_during(name)
         if not isinstance(manifest_bytes, bytes) or not isinstance(chunk_bytes, int):
             raise ConfigError("a begin message needs 'manifest' bytes and 'chunk_bytes'")
         signature = message.get("signature") or {}
@@ -300,6 +247,8 @@ class Deployer:
             try:
                 if isinstance(job, CommitJob):
                     self._commit(about)
+                elif isinstance(job, TrialEndJob):
+                    self._end_trial(job, about)
                 else:
                     self._rollback(job.order, job.signer, about)
             except DeployRefusedError as exc:
@@ -350,14 +299,37 @@ class Deployer:
             Manifest.read(target).verify(target)  # names and sha256 checked again, on disk
             self._bounded_check(target, begin.release, about)
             model = self._load_checked(target, about)
+            previous = self.models.get(begin.name)
+            policy = self.trials.policy(begin.release, model, previous)
+            new.trial = None if policy is None else kept.release_id
             self.names.commit(begin.name, new)
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             with contextlib.suppress(OSError):  # a first deploy's name folder, left empty
                 target.parent.rmdir()
             raise
-        self._serve(begin.name, model, about, "active")
         self._activated = about["deploy_id"]
+        if policy is None:
+            self._serve(begin.name, model, about, "active")
+            return
+        trial = self.trials.start(begin.name, model, previous, policy, about)
+        self._serve(begin.name, trial, {**about, "trial": policy.as_dict()}, "trial")
+
+    def _end_trial(self, job: TrialEndJob, about: dict[str, Any]) -> None:
+        """Apply a trial's verdict: serve the new package alone, or the previous again."""
+        if not self.trials.take(job):
+            return  # a rollback or a newer deploy ended that trial first
+        verdict = job.verdict
+        self.names.commit(job.name, after_verdict(self.names.get(job.name), verdict))
+        about["trial"] = verdict.fields()
+        if verdict.passed:
+            self._serve(job.name, job.trial.new, about, "committed")
+            return
+        back = self.names.get(job.name).active  # what serves again: the previous package
+        about.update(trial_digest=about.get("digest"), trial_version=about.get("version"))
+        about.update(reason=verdict.reason, digest=back.digest if back else None)
+        about.update(version=back.version if back else None)
+        self._serve(job.name, job.trial.previous, about, "rolled_back")
 
     def _bounded_check(self, folder: Path, release: Release, about: dict[str, Any]) -> None:
         """Load, warm up and smoke-check ``folder`` in a child within the limits (the
@@ -398,8 +370,9 @@ class Deployer:
                 f"it keeps {back.digest if back else 'none'}",
             )
         about.update(name=order.name, digest=back.digest, version=back.version, signer=signer)
+        self.trials.end(order.name)  # an order ends a trial: the package it names serves
         model = self._load_checked(Path(back.path), about)
-        new = replace(state, active=back, previous=state.active)
+        new = replace(state, active=back, previous=state.active, trial=None)
         new.rollback_issued_ms = order.issued_ms
         self.names.commit(order.name, new)
         self._serve(order.name, model, about, "rolled_back")

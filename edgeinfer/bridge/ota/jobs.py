@@ -10,7 +10,7 @@ from typing import Any
 
 from edgeinfer.bridge.ota.release import Release, RollbackOrder
 
-__all__ = ["CommitJob", "Job", "JobQueue", "PendingDeploy", "RollbackJob"]
+__all__ = ["CommitJob", "Job", "JobQueue", "PendingDeploy", "RollbackJob", "TrialEndJob"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,21 @@ class RollbackJob:
         return {"deploy_id": None, "nonce": self.nonce, "round": self.round}
 
 
-Job = CommitJob | RollbackJob
+@dataclass(frozen=True)
+class TrialEndJob:
+    """Commit or roll back ``name`` as its trial's ``verdict`` says (``trial.py``)."""
+
+    name: str
+    trial: Any  # the TrialModel that judged: applied only while it still serves ``name``
+    verdict: Any
+    context: tuple[tuple[str, Any], ...]  # the deploy's status fields
+
+    def about(self) -> dict[str, Any]:
+        """The fields every status of this step carries: the deploy's."""
+        return dict(self.context)
+
+
+Job = CommitJob | RollbackJob | TrialEndJob
 
 
 class JobQueue:

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgeinfer.bridge.connection import Connection, Handshake, connect_async, new_paho_client
+from edgeinfer.bridge.connection import Connection, subscriber
 from edgeinfer.bridge.ota.release import DEFAULT_ROLLBACK_EXPIRES_S, read_signature, sign_rollback
 from edgeinfer.bridge.ota.staging import DEFAULT_CHUNK_BYTES, MAX_CONTROL_BYTES, chunk_plan
 from edgeinfer.bridge.wire import protocol as proto
-from edgeinfer.errors import BridgeError, ConfigError, RequestTimeoutError
+from edgeinfer.errors import ConfigError, RequestTimeoutError
 from edgeinfer.manifest import MANIFEST_NAME, Manifest
 
 if TYPE_CHECKING:
@@ -33,7 +33,9 @@ if TYPE_CHECKING:
 
 __all__ = ["DeployOutcome", "deploy_package", "rollback_package"]
 
-_FINAL = frozenset({"active", "failed", "refused", "rolled_back"})
+# "trial": the device serves the package in its trial window (its verdict follows:
+# "committed" or "rolled_back", see ``await_verdict``).
+_FINAL = frozenset({"active", "trial", "committed", "failed", "refused", "rolled_back"})
 _ANY = frozenset({"receiving", "verifying", "checking", "loading", "smoke_check"}) | _FINAL
 # Re-send begin/rollback after this long without any status (the device repeats none twice).
 _RESEND_S = 5.0
@@ -50,7 +52,7 @@ class DeployOutcome:
     @property
     def ok(self) -> bool:
         """Whether the device serves the package now."""
-        return self.status.get("state") in ("active", "rolled_back")
+        return self.status.get("state") in ("active", "trial", "committed", "rolled_back")
 
 
 class _Link:
@@ -62,24 +64,11 @@ class _Link:
         self.nonce = nonce
         self.statuses: queue.Queue[dict[str, Any]] = queue.Queue()
         self.device: queue.Queue[dict[str, Any]] = queue.Queue()  # P/D/status (retained)
-        self._handshake = Handshake(connection)
-        self.client: PahoClient = new_paho_client(connection)
-        self.client.max_inflight_messages_set(16)
-        self._topics = [(self.status_topic, 1), (self.device_topic, 1)]
-        self.client.on_connect = self._on_connect
-        self.client.on_subscribe = lambda c, u, mid, reasons, p: self._handshake.subscribed(reasons)
-        self.client.on_message = self._on_message
-        connect_async(self.client, connection)
-        self.client.loop_start()
-        try:
-            self._handshake.wait(timeout_s=timeout_s)  # a refused login: BrokerAuthError at once
-        except BridgeError:
-            self.close()
-            raise
-
-    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
-        if self._handshake.connected(reason):
-            client.subscribe(self._topics)
+        topics = [(self.status_topic, 1), (self.device_topic, 1)]
+        # A refused login: BrokerAuthError at once.
+        self.client: PahoClient = subscriber(
+            connection, topics, self._on_message, timeout_s=timeout_s, max_inflight=16
+        )
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
         try:

@@ -6,10 +6,13 @@ statement (``signing.py``) that names, besides the sha256 of the exact ``manifes
 
     {"manifest_sha256", "name": served as, "version": monotonic int, "target": the manifest's,
      "devices": [ids] | [], "compatible": class | null, "total_bytes": sum of file bytes,
-     "signed_ms", "expires_ms", "check_timeout_s"?: float, "check_memory_mb"?: int}
+     "signed_ms", "expires_ms", "check_timeout_s"?: float, "check_memory_mb"?: int,
+     "trial"?: {threshold: number}}
 
 The optional check limits (left out when not signed, so devices that predate them take the
 release) lower the device's own for this package's check (``check.py``), never raise them.
+A release with ``trial`` (``{}``: its kind's defaults) is served in a trial window after the
+swap and commits only when it passes (``trial.py``, ``trial_policy.py``).
 
 A device takes a release only when it names the device (or its ``--compatible`` class), the
 name it is deployed as, a target its providers run, a version above every one it accepted
@@ -30,6 +33,7 @@ from typing import Any, Final
 
 from edgeinfer import providers
 from edgeinfer.bridge.ota.signing import Signer, TrustedKeys
+from edgeinfer.bridge.ota.trial_policy import policy_for
 from edgeinfer.config import QuantConfig
 from edgeinfer.errors import ConfigError, DeployRefusedError, EdgeInferError, IntegrityError
 from edgeinfer.manifest import MANIFEST_NAME, Manifest
@@ -55,11 +59,24 @@ DEFAULT_EXPIRES_IN_DAYS: Final = 30.0
 # goes stale before anyone could use it against a later deploy.
 DEFAULT_ROLLBACK_EXPIRES_S: Final = 900.0
 _DAY_MS = 86_400_000
-_OPTIONAL = ("check_timeout_s", "check_memory_mb")  # release fields signed only when given
+_OPTIONAL = ("check_timeout_s", "check_memory_mb", "trial")  # release fields signed only when given
 
 
 def _positive_or_none(*values: Any) -> bool:
     return all(v is None or (isinstance(v, (int, float)) and v > 0) for v in values)
+
+
+def _trial_ok(trial: Any) -> bool:
+    """Whether a signed ``trial`` is thresholds a trial takes (``trial_policy``)."""
+    if trial is None:
+        return True
+    if not isinstance(trial, Mapping):
+        return False
+    try:
+        policy_for("", trial)
+    except (ConfigError, TypeError):
+        return False
+    return True
 
 
 def _now_ms() -> int:
@@ -120,6 +137,7 @@ class Release:
     expires_ms: int
     check_timeout_s: float | None = None
     check_memory_mb: int | None = None
+    trial: Mapping[str, Any] | None = None
 
     @property
     def release_id(self) -> str:
@@ -153,6 +171,7 @@ class Release:
             release = cls(**{**body, "devices": tuple(str(d) for d in body["devices"])})
             ok = isinstance(release.version, int) and isinstance(release.total_bytes, int)
             ok = ok and _positive_or_none(release.check_timeout_s, release.check_memory_mb)
+            ok = ok and _trial_ok(release.trial)
         except (TypeError, KeyError) as exc:
             raise DeployRefusedError("bad_signature", f"malformed release metadata: {exc}") from exc
         if not ok or release.manifest_sha256 != hashlib.sha256(manifest_bytes).hexdigest():
@@ -243,6 +262,7 @@ def sign_package(
     expires_in_days: float = DEFAULT_EXPIRES_IN_DAYS,
     check_timeout_s: float | None = None,
     check_memory_mb: int | None = None,
+    trial: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Sign ``package`` as a release and write ``package/manifest.sig``; return the record.
 
@@ -254,12 +274,16 @@ def sign_package(
         check_timeout_s: a device's check of it (load, warm-up, smoke cases) may take at
             most this long, where the device allows longer (``None``: the device's limit).
         check_memory_mb: the same for the check's memory (MiB).
+        trial: serve it in a trial window with these thresholds (``{}``: the defaults of its
+            kind) and commit only when it passes; ``None``: it commits at the swap.
     """
     _audience(devices, compatible)
     if expires_in_days <= 0:
         raise ConfigError("--expires-in-days must be > 0")
     if not _positive_or_none(check_timeout_s, check_memory_mb):
         raise ConfigError("check_timeout_s and check_memory_mb must be > 0 when given")
+    if trial is not None:
+        policy_for("", trial)  # ConfigError: says which threshold
     manifest_bytes = (Path(package) / MANIFEST_NAME).read_bytes()
     manifest = json.loads(manifest_bytes)  # what it says; `edgeinfer sign` verified it first
     now = _now_ms()
@@ -275,6 +299,7 @@ def sign_package(
         expires_ms=now + int(expires_in_days * _DAY_MS),
         check_timeout_s=check_timeout_s,
         check_memory_mb=check_memory_mb,
+        trial=None if trial is None else dict(trial),
     )
     record = {**Signer.load(key).sign("release", release.body()), "release": release.body()}
     (Path(package) / SIGNATURE_NAME).write_text(json.dumps(record, indent=2) + "\n")

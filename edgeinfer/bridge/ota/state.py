@@ -4,7 +4,8 @@ never leaves it unreadable.
 ``DIR/NAME/state.json``::
 
     {"active": <kept>, "previous": <kept> | null, "floor_version": int | null,
-     "floor_release": "<release id>" | null, "rollback_issued_ms": int}
+     "floor_release": "<release id>" | null, "rollback_issued_ms": int,
+     "trial": "<release id>" | null}
 
 with ``<kept>`` = ``{"path", "digest", "signer", "version", "release_id"}``. ``floor_version``
 is the highest version ever accepted for the name: deploys must be above it, and a rollback
@@ -13,6 +14,8 @@ fsync of the folder), so a reader sees the old state or the new one, whole. A st
 is empty, truncated or garbage anyway (a disk fault, a hand edit) is rebuilt from the package
 folders next to it, with a warning, never a crash: the highest version kept serves (the
 floor is the highest version on disk: the newest accepted package is always kept).
+``trial`` names an active package still in its trial window (``trial.py``): a restart serves
+the previous package instead (an unproven package never outlives its trial).
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ class NameState:
     floor_version: int | None = None
     floor_release: str | None = None
     rollback_issued_ms: int = 0
+    trial: str | None = None  # the active package's release id while it is on trial
     recovered: bool = field(default=False, compare=False)  # rebuilt from the folders
 
     def to_json(self) -> bytes:
@@ -114,6 +118,7 @@ class NameState:
                 floor_version=data.get("floor_version"),
                 floor_release=data.get("floor_release"),
                 rollback_issued_ms=int(data.get("rollback_issued_ms", 0)),
+                trial=data.get("trial"),
             )
         except (TypeError, KeyError) as exc:
             raise ValueError(f"malformed: {exc}") from exc
@@ -252,6 +257,11 @@ class Names:
             if not (folder / STATE_NAME).exists():
                 continue
             state, origin = load_state(folder), self.get(folder.name)
+            if state.trial is not None and state.previous is not None:
+                log.warning("%s: %s was on trial when the bridge stopped; its previous serves",
+                            folder.name, state.trial)  # fmt: skip
+                state.active, state.previous = state.previous, state.active
+            state.trial = None
             versions = [origin.floor_version, state.floor_version]
             versions += [k.version for k in (state.active, state.previous) if k is not None]
             state.floor_version = max((v for v in versions if v is not None), default=None)

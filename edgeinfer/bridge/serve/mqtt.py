@@ -245,14 +245,19 @@ class Bridge:
 
     def _offline(self) -> bytes:
         """The offline status (the Last Will's too): the status's fields, serving nothing,
-        so that every template reading the status still finds them."""
+        so that every template reading the status still finds them, and the classes, so that
+        a fleet rollout still finds the device."""
         offline = {
             "v": proto.PROTOCOL_VERSION,
             "state": "offline",
             "client_id": self.config.connection.client_id,
             "models": {},
+            "compatible": self._compatible(),
         }
         return json.dumps(offline).encode()
+
+    def _compatible(self) -> list[str]:
+        return [] if self.deployer is None else list(self.deployer.config.compatible)
 
     def status(self) -> dict[str, Any]:
         """The retained status: ``online`` and each served model's digest and signer."""
@@ -269,6 +274,7 @@ class Bridge:
             "state": "online",
             "client_id": self.config.connection.client_id,
             "models": models,
+            "compatible": self._compatible(),
         }
 
     # -- paho callbacks (network thread: no model work here) ----------------------------------
