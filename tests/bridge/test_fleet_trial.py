@@ -5,10 +5,12 @@ a bridge stopped mid-trial serves the previous package when it starts again."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from pathlib import Path
 
+import pytest
 from bridge_harness import Mosquitto
 from fleet_harness import NAME, PERTURBED, TRIAL, Device, live_text, releases, state_file
 
@@ -112,4 +114,53 @@ def test_perturbed_words_are_in_live_traffic_and_not_in_the_smoke_cases() -> Non
     assert not any(w in t.split() for t in SMOKE_TEXTS for w in PERTURBED)
     rng = random.Random(0)
     hits = sum(any(w in live_text(rng).split() for w in PERTURBED) for _ in range(1000))
-    assert 150 < hits < 400
+    assert 450 < hits < 750
+
+
+def test_fleet_status_over_tls_with_credentials_lists_each_device(
+    secure_broker: Mosquitto, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``edgeinfer fleet status --json`` over TLS with a password file: two devices, what
+    they serve and their class; a wrong password exits 2 (broker_auth)."""
+    from fleet_harness import CLASS, load
+
+    from edgeinfer.bridge import Bridge, BridgeConfig, DeployConfig, TrustedKeys
+    from edgeinfer.cli import main
+
+    secure = secure_broker.secure
+    assert secure is not None
+    _, pub, _ = generate_keypair(tmp_path / "keys" / "release")
+    origin = releases(tmp_path / "pkgs", tmp_path / "keys" / "release.key").origin
+    bridges = []
+    for n in range(2):
+        connection = Connection(broker=secure_broker.url, client_id=f"b-tls-{n}",
+                                username=secure.username, password=secure.password,
+                                tls_ca=secure.ca)  # fmt: skip
+        bridge = Bridge(
+            {NAME: load(origin)},
+            config=BridgeConfig(connection=connection, device_id=f"tls-{n}", metrics_interval_s=0),
+            deploy=DeployConfig(
+                folder=tmp_path / f"d{n}", trusted=TrustedKeys.load([pub]), compatible=(CLASS,)
+            ),
+            origins={NAME: origin},
+        )
+        bridges.append(bridge.start())
+    password = tmp_path / "pass"
+    password.write_text(secure.password + "\n")
+    options = ["--broker", secure_broker.url, "--tls-ca", str(secure.ca), "--username",
+               secure.username, "--wait-s", "3"]  # fmt: skip
+    try:
+        capsys.readouterr()
+        assert main(["fleet", "status", *options, "--password-file", str(password), "--json"]) == 0
+        listed = {d["device_id"]: d for d in json.loads(capsys.readouterr().out)}
+        digest = Manifest.read(origin).digest
+        for n in range(2):
+            device = listed[f"tls-{n}"]
+            assert device["health"] == "ok" and device["compatible"] == [CLASS]
+            assert device["models"][NAME]["digest"] == digest
+        password.write_text("wrong\n")
+        assert main(["fleet", "status", *options, "--password-file", str(password)]) == 2
+        assert "broker_auth" in capsys.readouterr().err
+    finally:
+        for bridge in bridges:
+            bridge.stop()

@@ -17,8 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from edgeinfer.bridge.connection import Connection, Handshake, connect_async, new_paho_client
-from edgeinfer.errors import BridgeError
+from edgeinfer.bridge.connection import Connection, subscriber
 
 if TYPE_CHECKING:
     from paho.mqtt.client import Client as PahoClient
@@ -117,25 +116,12 @@ class FleetWatch:
         self._seen: dict[str, _Seen] = {}
         self._cond = threading.Condition()
         self._last_message_s = time.monotonic()
-        self._handshake = Handshake(connection)
-        self._client: PahoClient = new_paho_client(connection)
         p = topic_prefix
-        self._topics = [(f"{p}/+/status", 1), (f"{p}/+/availability", 1),
-                        (f"{p}/+/ota/status", 1), (f"{p}/+/metrics", 0)]  # fmt: skip
-        self._client.on_connect = self._on_connect
-        self._client.on_subscribe = lambda c, u, m, reasons, p: self._handshake.subscribed(reasons)
-        self._client.on_message = self._on_message
-        connect_async(self._client, connection)
-        self._client.loop_start()
-        try:
-            self._handshake.wait(timeout_s=connect_timeout_s)
-        except BridgeError:
-            self.close()
-            raise
-
-    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
-        if self._handshake.connected(reason):
-            client.subscribe(self._topics)
+        topics = [(f"{p}/+/status", 1), (f"{p}/+/availability", 1), (f"{p}/+/ota/status", 1),
+                  (f"{p}/+/metrics", 0)]  # fmt: skip
+        self._client: PahoClient = subscriber(
+            connection, topics, self._on_message, timeout_s=connect_timeout_s
+        )
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
         levels = str(message.topic).split("/")
