@@ -350,7 +350,7 @@ def _report(
     for wave in sorted({r.wave for r in rows}):
         members = [r for r in rows if r.wave == wave]
         sent = [r.sent_ms for r in members if r.sent_ms is not None]
-        ended = [r.ended_ms for r in members if r.ended_ms is not None]
+        ended = [r.ended_ms for r in members if r.ended_ms and r.sent_ms]  # of those begun
         waves.append({"wave": wave, "devices": [r.device_id for r in members],
                       "started_ms": min(sent, default=None),
                       "ended_ms": max(ended, default=None)})  # fmt: skip
