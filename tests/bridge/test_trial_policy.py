@@ -150,3 +150,20 @@ def test_the_shadow_stays_within_its_share(models: dict[str, Any]) -> None:
     assert verdict.passed and verdict.shadow_compute_share is not None
     assert verdict.shadow_compute_share <= 0.1 + 0.05  # one comparison past the budget at most
     assert verdict.shadowed < verdict.requests / 3
+
+
+def test_sign_trial_options_are_signed_and_bad_ones_exit_2(tmp_path: Path) -> None:
+    from edgeinfer.cli import main
+
+    key, _, _ = generate_keypair(tmp_path / "k")
+    package = releases(tmp_path / "pkgs", key).good
+    sign = ["sign", str(package), "--key", str(key), "--compatible", "plant-gw"]
+    assert main([*sign, "--trial-set", "window_s=5", "--trial-set", "min_shadow=30"]) == 0
+    release = json.loads((package / "manifest.sig").read_text())["release"]
+    assert release["trial"] == {"window_s": 5.0, "min_shadow": 30}
+    assert main([*sign, "--trial"]) == 0
+    assert json.loads((package / "manifest.sig").read_text())["release"]["trial"] == {}
+    for bad in ("window_s=soon", "window_s=nan", "nope=1", "min_shadow=2.5"):
+        assert main([*sign, "--trial-set", bad]) == 2, bad
+    assert main(sign) == 0  # no trial: commits at the swap, as before
+    assert "trial" not in json.loads((package / "manifest.sig").read_text())["release"]
