@@ -20,47 +20,50 @@ import typer
 
 from edgeinfer.cli.common import (
     CONNECT_TIMEOUT_S,
+    DEFAULT_BROKER,
     EXIT_CHECK_FAILED,
+    Broker,
+    ClientId,
     ConnectTimeout,
+    JsonOut,
     MqttPassword,
     MqttPasswordFile,
+    MqttProtocol,
     MqttUsername,
-    broker_password,
+    Protocol,
+    TlsCa,
+    TlsCert,
+    TlsKey,
+    TopicPrefix,
+    broker_connection,
     console,
     print_json,
 )
-from edgeinfer.cli.deploy_cmd import Broker, Prefix, TlsCa
 
 __all__ = ["app", "rollout"]
 
 app = typer.Typer(help="The fleet of devices, as the broker shows it.", no_args_is_help=True)
-JsonOut = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
 
 
-def _connection(
-    role: str, broker: str, username: str | None, password: str | None,
-    password_file: Path | None, tls_ca: Path | None,
-) -> Any:  # fmt: skip
-    from edgeinfer.bridge import Connection
-
-    client_id = f"edgeinfer-{role}-{socket.gethostname()}-{os.getpid()}"[:100]
-    return Connection(
-        broker=broker,
-        client_id=client_id,
-        username=username,
-        password=broker_password(password=password, password_file=password_file),
-        tls_ca=tls_ca,
-    )
+def _connection(ctx: typer.Context, role: str, client_id: str | None) -> Any:
+    # One per run: a rollout's deploys add the device id to it (one session per device).
+    made = f"edgeinfer-{role}-{socket.gethostname()}-{os.getpid()}"[:100]
+    return broker_connection(ctx.params, client_id=client_id or made)
 
 
 @app.command("status")
 def status(
-    broker: Broker = "mqtt://127.0.0.1:1883",
-    topic_prefix: Prefix = "edgeinfer",
+    ctx: typer.Context,
+    broker: Broker = DEFAULT_BROKER,
+    topic_prefix: TopicPrefix = "edgeinfer",
+    client_id: ClientId = None,
+    protocol: Protocol = MqttProtocol.v5,
     username: MqttUsername = None,
     password: MqttPassword = None,
     password_file: MqttPasswordFile = None,
     tls_ca: TlsCa = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
     wait_s: Annotated[float, typer.Option(help="seconds to collect retained statuses")] = 10.0,
     connect_timeout_s: ConnectTimeout = CONNECT_TIMEOUT_S,
     json_out: JsonOut = False,
@@ -69,7 +72,7 @@ def status(
     from edgeinfer.bridge.fleet.inventory import fleet_status
 
     devices = fleet_status(
-        connection=_connection("fleet", broker, username, password, password_file, tls_ca),
+        connection=_connection(ctx, "fleet", client_id),
         topic_prefix=topic_prefix,
         wait_s=wait_s,
         connect_timeout_s=connect_timeout_s,
@@ -91,6 +94,7 @@ def status(
 
 
 def rollout(
+    ctx: typer.Context,
     package: Annotated[Path, typer.Argument(help="a package signed as a release")],
     state_dir: Annotated[Path, typer.Option(help="where the rollout's progress is kept")],
     device: Annotated[
@@ -115,12 +119,16 @@ def rollout(
     offline_wait_s: Annotated[
         float, typer.Option(help="how long the end of the rollout waits for offline devices")
     ] = 300.0,
-    broker: Broker = "mqtt://127.0.0.1:1883",
-    topic_prefix: Prefix = "edgeinfer",
+    broker: Broker = DEFAULT_BROKER,
+    topic_prefix: TopicPrefix = "edgeinfer",
+    client_id: ClientId = None,
+    protocol: Protocol = MqttProtocol.v5,
     username: MqttUsername = None,
     password: MqttPassword = None,
     password_file: MqttPasswordFile = None,
     tls_ca: TlsCa = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
     connect_timeout_s: ConnectTimeout = CONNECT_TIMEOUT_S,
     json_out: JsonOut = False,
 ) -> None:
@@ -136,7 +144,7 @@ def rollout(
     )  # fmt: skip
     report = run_rollout(
         package,
-        connection=_connection("rollout", broker, username, password, password_file, tls_ca),
+        connection=_connection(ctx, "rollout", client_id),
         state_dir=state_dir,
         plan=plan,
         topic_prefix=topic_prefix,
