@@ -97,8 +97,9 @@ def rollout(
     ctx: typer.Context,
     package: Annotated[Path, typer.Argument(help="a package signed as a release")],
     state_dir: Annotated[Path, typer.Option(help="where the rollout's progress is kept")],
-    device: Annotated[
-        list[str] | None, typer.Option(help="a device id to roll out to (repeatable)")
+    device_id: Annotated[
+        list[str] | None,
+        typer.Option("--device-id", help="a device to roll out to (repeatable)"),
     ] = None,
     compatible: Annotated[
         str | None, typer.Option(help="or: every device whose status names this class")
@@ -137,7 +138,7 @@ def rollout(
     from edgeinfer.bridge.fleet.rollout import rollout as run_rollout
 
     plan = RolloutPlan(
-        devices=tuple(device or ()), compatible=compatible, start=start, factor=factor,
+        devices=tuple(device_id or ()), compatible=compatible, start=start, factor=factor,
         max_per_minute=max_per_minute, max_failure_share=max_failure_share,
         min_count=min_count, device_timeout_s=device_timeout_s, offline=offline,
         offline_wait_s=offline_wait_s,

@@ -17,7 +17,7 @@ from typer.main import get_command
 from edgeinfer.cli import app, main
 from edgeinfer.cli.common import parse_size
 
-BROKER_COMMANDS = ("serve", "request", "deploy", "rollback")
+BROKER_COMMANDS = ("serve", "request", "deploy", "rollback", "rollout")
 BROKER_OPTIONS = {
     "--broker", "--device-id", "--topic-prefix", "--client-id", "--protocol",
     "--tls-ca", "--tls-cert", "--tls-key", "--username", "--password", "--password-file",

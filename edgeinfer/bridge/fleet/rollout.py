@@ -60,7 +60,7 @@ class RolloutPlan:
 
     def __post_init__(self) -> None:
         if bool(self.devices) == bool(self.compatible):
-            raise ConfigError("name the devices (--device, repeatable) or a --compatible class")
+            raise ConfigError("name the devices (--device-id, repeatable) or a --compatible class")
         numbers = (self.factor, self.max_failure_share, self.device_timeout_s,
                    self.offline_wait_s)  # fmt: skip
         if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in numbers):
