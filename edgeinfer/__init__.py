@@ -40,6 +40,7 @@ from edgeinfer.errors import (
     ProviderError,
     ReplyError,
     RequestTimeoutError,
+    RunTimeoutError,
     SlowerQuantizationError,
     UnsupportedCallError,
 )
@@ -108,6 +109,7 @@ __all__ = [
     "RawModel",
     "ReplyError",
     "RequestTimeoutError",
+    "RunTimeoutError",
     "RuntimeConfig",
     "SamplingConfig",
     "Segment",

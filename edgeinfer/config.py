@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from edgeinfer.errors import ConfigError
 from edgeinfer.presets import QUANT_MODES, TARGETS, CalibrationMethod, QuantConfig, QuantMode
 
 __all__ = [
+    "DEFAULT_RUN_TIMEOUT_S",
     "QUANT_MODES",
     "TARGETS",
     "BatchConfig",
@@ -29,6 +30,10 @@ __all__ = [
     "SemanticCacheConfig",
     "default_cache_dir",
 ]
+
+# Far above one run of any package this SDK exports on a slow arm64 board (a long prefill takes
+# seconds), short enough that a hung request frees its thread within a minute.
+DEFAULT_RUN_TIMEOUT_S: Final = 60.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +64,10 @@ class RuntimeConfig:
             refused before it runs (``MemoryBudgetError``), and continuous batching admits
             within it. ``None``: the cgroup's memory limit when the process runs under one
             (systemd ``MemoryMax=``, a container's limit), else no budget.
+        run_timeout_s: the longest one graph run may take; a run past it is stopped by
+            onnxruntime and raises ``RunTimeoutError`` (``runtime.watchdog``), so an input that
+            makes a graph loop for ever cannot hold its thread. ``DEFAULT_RUN_TIMEOUT_S``: 60
+            s. ``None``: no limit but the caller's deadline.
     """
 
     providers: tuple[str, ...] | None = None
@@ -70,6 +79,7 @@ class RuntimeConfig:
     file_backed_prepacks: bool = False
     prepack_cache_dir: Path | None = None
     memory_budget_bytes: int | None = None
+    run_timeout_s: float | None = DEFAULT_RUN_TIMEOUT_S
 
     def __post_init__(self) -> None:
         for name in ("profile_dir", "prepack_cache_dir"):  # a str is what users pass
@@ -78,6 +88,15 @@ class RuntimeConfig:
                 object.__setattr__(self, name, Path(value).expanduser())
         if self.memory_budget_bytes is not None and self.memory_budget_bytes < 1:
             raise ConfigError(f"memory_budget_bytes must be >= 1, got {self.memory_budget_bytes}")
+        if self.run_timeout_s is not None and not (
+            isinstance(self.run_timeout_s, int | float)
+            and not isinstance(self.run_timeout_s, bool)
+            and 0 < self.run_timeout_s < 1e9
+        ):
+            raise ConfigError(
+                f"run_timeout_s must be a number of seconds in (0, 1e9), or None; got "
+                f"{self.run_timeout_s!r}"
+            )
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.warmup_runs < 0:

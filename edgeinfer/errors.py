@@ -22,6 +22,8 @@ so that callers catch one tree and still see the cause.
     │                                              budget (``RuntimeConfig.memory_budget_bytes``
     │                                              or the cgroup's limit)
     ├── InferenceError              inference      onnxruntime failed while running a graph
+    │   └── RunTimeoutError         run_timeout    a run passed its limit and was stopped
+    │                                              (``source``: run_timeout_s | deadline)
     ├── BridgeError                 bridge         the MQTT bridge or its client failed
     │   ├── BrokerAuthError         broker_auth    the broker refused the login (user, password)
     │   ├── BrokerUnavailableError  broker_unavailable  no broker connection within the timeout
@@ -38,10 +40,10 @@ so that callers catch one tree and still see the cause.
 
 The CLI maps ``AccuracyGateError``, ``SlowerQuantizationError`` and ``EpCoverageError`` (a
 check that failed) to exit code 1 and every other ``EdgeInferError`` to exit code 2.
-``BrokerUnavailableError`` and ``RequestTimeoutError`` are also built-in ``TimeoutError``s, so
-callers that caught those still do; ``UnsupportedCallError`` is also an ``AttributeError``, so
-``hasattr(model, "generate")`` and ``getattr(model, "max_sequences", 1)`` answer as for any
-object without the member.
+``BrokerUnavailableError``, ``RequestTimeoutError`` and ``RunTimeoutError`` are also built-in
+``TimeoutError``s, so callers that caught those still do; ``UnsupportedCallError`` is also an
+``AttributeError``, so ``hasattr(model, "generate")`` and ``getattr(model, "max_sequences", 1)``
+answer as for any object without the member.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ __all__ = [
     "ProviderError",
     "ReplyError",
     "RequestTimeoutError",
+    "RunTimeoutError",
     "SlowerQuantizationError",
     "UnsupportedCallError",
 ]
@@ -153,6 +156,39 @@ class InferenceError(EdgeInferError):
     """onnxruntime failed while loading or running a graph."""
 
     code = "inference"
+
+
+class RunTimeoutError(InferenceError, TimeoutError):
+    """A graph run passed its limit and onnxruntime stopped it (``runtime.watchdog``); the
+    session stays usable. ``source`` says which limit: ``run_timeout_s``
+    (``RuntimeConfig.run_timeout_s``) or ``deadline`` (the caller's, a request's deadline);
+    ``ran`` is False when the deadline had passed before the run could start."""
+
+    code = "run_timeout"
+
+    def __init__(self, *, graph: str, limit_s: float, source: str, ran: bool) -> None:
+        if source == "deadline":
+            what = (
+                f"was stopped after {limit_s:.3f} s: the deadline passed"
+                if ran
+                else "was not run: the deadline had passed"
+            )
+            advice = "give the request a later deadline, or send a smaller input"
+        else:
+            what = (
+                f"ran past its limit of {limit_s:.3f} s (RuntimeConfig.run_timeout_s) and was "
+                "stopped"
+            )
+            advice = (
+                "this input makes the graph run too long: send a smaller one, or raise the limit "
+                "(RuntimeConfig.run_timeout_s, `edgeinfer serve --run-timeout`) if the package "
+                "is meant to take that long"
+            )
+        super().__init__(f"onnxruntime's run of {graph} {what}; {advice}")
+        self.graph = graph
+        self.limit_s = limit_s
+        self.source = source
+        self.ran = ran
 
 
 class ExportError(EdgeInferError):

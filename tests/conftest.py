@@ -414,6 +414,14 @@ def fast_raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def fast_spinner(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny raw package whose graph loops for ever when its ``spin`` input is 1."""
+    from fast_packages import tiny_spinner
+
+    return tiny_spinner(tmp_path_factory.mktemp("fast") / "spinner")
+
+
+@pytest.fixture(scope="session")
 def fast_decoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny decoder as a torch-free ``decoder`` package (tests/fast_packages.py): the
     export's graph writer and layout, numpy weights, built in about a second."""

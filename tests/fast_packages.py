@@ -137,22 +137,104 @@ def tiny_raw(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     accumulator(folder / "model.onnx")
     spec = {"dtype": "float32", "shape": [1, 4]}
+    return _write_raw(
+        folder,
+        "accumulator",
+        inputs=[{"name": "x", **spec}, {"name": "state", **spec}],
+        outputs=[{"name": "out", **spec}, {"name": "stateN", **spec}],
+        state=[{"input": "state", "output": "stateN", **spec}],
+    )
+
+
+def _write_raw(
+    folder: Path,
+    name: str,
+    *,
+    inputs: list[dict[str, Any]],
+    outputs: list[dict[str, Any]],
+    state: list[dict[str, Any]],
+) -> Path:
+    """The manifest of a raw package whose graph is ``folder/model.onnx``."""
     return _write(
         folder,
         ["model.onnx"],
         {
-            "name": "accumulator",
+            "name": name,
             "task": "raw",
-            "source": {"builtin": False, "model_type": "test", "name": "accumulator"},
+            "source": {"builtin": False, "model_type": "test", "name": name},
             "tokens": {},
             "io": {
                 "kind": "raw",
                 "graph": "model.onnx",
-                "inputs": [{"name": "x", **spec}, {"name": "state", **spec}],
-                "outputs": [{"name": "out", **spec}, {"name": "stateN", **spec}],
-                "state": [{"input": "state", "output": "stateN", **spec}],
+                "inputs": inputs,
+                "outputs": outputs,
+                "state": state,
             },
         },
+    )
+
+
+ENDLESS_TRIPS = 2**62  # a Loop trip count no device finishes: each trip takes microseconds
+
+
+def tiny_spinner(folder: Path) -> Path:
+    """A raw package that hangs only on some inputs: out = x + trips, where a ``Loop`` counts
+    its trips = spin * ENDLESS_TRIPS (spin: [1] int64). spin 0 answers at once (out = x);
+    spin 1 loops for ever (the kind of package that signs and checks fine, then hangs a
+    device on one request)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Add", ["count_in", "one"], ["count_out"]),
+        ],
+        "count",
+        [
+            helper.make_tensor_value_info("trip", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("count_in", TensorProto.FLOAT, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("count_out", TensorProto.FLOAT, [1]),
+        ],
+        [helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["spin", "endless"], ["trips_1"]),  # [1]
+            helper.make_node("Squeeze", ["trips_1"], ["trips"]),  # a scalar: Loop's M
+            helper.make_node("Loop", ["trips", "always", "zero"], ["count"], body=body),
+            helper.make_node("Add", ["x", "count"], ["out"]),  # [1, 4] + [1]
+        ],
+        "spinner",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+            helper.make_tensor_value_info("spin", TensorProto.INT64, [1]),
+        ],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4])],
+        [
+            helper.make_tensor("endless", TensorProto.INT64, [1], [ENDLESS_TRIPS]),
+            helper.make_tensor("always", TensorProto.BOOL, [], [True]),
+            helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, folder / "model.onnx")
+    return _write_raw(
+        folder,
+        "spinner",
+        inputs=[
+            {"name": "x", "dtype": "float32", "shape": [1, 4]},
+            {"name": "spin", "dtype": "int64", "shape": [1]},
+        ],
+        outputs=[{"name": "out", "dtype": "float32", "shape": [1, 4]}],
+        state=[],
     )
 
 

@@ -34,6 +34,7 @@ from edgeinfer.cli.common import (
     deprecated,
     size_option,
 )
+from edgeinfer.config import DEFAULT_RUN_TIMEOUT_S
 
 __all__ = ["serve"]
 
@@ -66,6 +67,14 @@ def serve(
         float, typer.Option(help="seconds between metrics messages (0: none)")
     ] = 10.0,
     threads: Annotated[int | None, typer.Option(help="intra-op threads per model")] = None,
+    run_timeout: Annotated[
+        float,
+        typer.Option(
+            "--run-timeout",
+            help="seconds one graph run may take; a run past it is stopped and its request "
+            "answered run_timeout (0: no limit but the request's deadline)",
+        ),
+    ] = DEFAULT_RUN_TIMEOUT_S,
     cache: Annotated[
         bool, typer.Option(help="answer repeated requests from the result cache (memory + SQLite)")
     ] = False,
@@ -219,6 +228,7 @@ def serve(
         spin_wait=len(packages) == 1,
         file_backed_prepacks=file_backed_prepacks,
         memory_budget_bytes=memory_budget,
+        run_timeout_s=run_timeout or None,
     )
     cache_config = edgeinfer.CacheConfig(directory=cache_dir) if cache else None
 

@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.config import RuntimeConfig
-from edgeinfer.errors import InferenceError, PackageError
+from edgeinfer.errors import InferenceError, PackageError, RunTimeoutError
 from edgeinfer.providers import with_options
 from edgeinfer.runtime import memory, prepacked
+from edgeinfer.runtime.watchdog import RunLimit
 
 __all__ = ["GraphSession", "mark_profile_start", "open_session", "session_options"]
 
@@ -87,12 +88,10 @@ class GraphSession:
     Args:
         path: the ``.onnx`` file.
         providers: ORT provider names in order (already resolved).
-        config: thread and spin settings.
+        config: thread and spin settings; ``run_timeout_s`` bounds every run.
     """
 
     def __init__(self, path: Path, *, providers: list[str], config: RuntimeConfig) -> None:
-        import onnxruntime as ort
-
         try:
             self._session, _ = open_session(path, providers=providers, config=config)
         except Exception as exc:  # ORT raises its own pybind classes, not a public hierarchy
@@ -104,26 +103,35 @@ class GraphSession:
         self.input_names = [i.name for i in self._session.get_inputs()]
         self.output_names = [o.name for o in self._session.get_outputs()]
         self.providers: list[str] = list(self._session.get_providers())
-        self._shrink = ort.RunOptions()
-        self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        self._limit = RunLimit(timeout_s=config.run_timeout_s, graph=path.name)
 
     def run(
         self, feeds: Mapping[str, np.ndarray], *, shrink_arena: bool = False
     ) -> list[np.ndarray]:
         """Run the graph on ``feeds`` (only the inputs it takes) and return all outputs;
-        ``shrink_arena`` hands the CPU arena's growth of this run back to the system."""
+        ``shrink_arena`` hands the CPU arena's growth of this run back to the system. A run past
+        its limit (``RuntimeConfig.run_timeout_s``, the caller's ``watchdog.deadline``) is
+        stopped: ``RunTimeoutError``, and the session serves the next run as before."""
         try:
-            outputs = list(
-                self._session.run(
-                    self.output_names,
-                    {k: feeds[k] for k in self.input_names},
-                    self._shrink if shrink_arena else None,
-                )
-            )
+            given = {k: feeds[k] for k in self.input_names}
         except KeyError as exc:
             raise InferenceError(f"graph input {exc} was not provided") from exc
+        try:
+            outputs = list(
+                self._limit.call(
+                    lambda options: self._session.run(self.output_names, given, options),
+                    options=_shrink if shrink_arena else None,
+                )
+            )
+        except RunTimeoutError:
+            raise
         except Exception as exc:  # ORT raises its own pybind classes, not a public hierarchy
             raise InferenceError(f"onnxruntime failed to run the graph: {exc}") from exc
         if shrink_arena:
             memory.release_heap()  # what the arena gave back to malloc, back to the kernel
         return outputs
+
+
+def _shrink(options: Any) -> None:
+    """Run options that hand the CPU arena's growth of the run back when it ends."""
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")

@@ -26,7 +26,15 @@ from edgeinfer.bridge.wire.frames import frames_to_batch, frames_to_pictures
 from edgeinfer.errors import InputError
 from edgeinfer.package_io import ImageClassifierIO
 
-__all__ = ["ModelTable", "Outcome", "ServedModel", "StreamTable", "kind_of", "run_request"]
+__all__ = [
+    "ModelTable",
+    "Outcome",
+    "ServedModel",
+    "StreamTable",
+    "kind_of",
+    "run_deadline_s",
+    "run_request",
+]
 
 
 class ServedModel(Protocol):
@@ -192,6 +200,15 @@ def _tensors(outputs: Mapping[str, np.ndarray]) -> proto.Body:
         return proto.Body(value).encoded(fmt)
 
     return proto.Body(encoder=encoder)
+
+
+def run_deadline_s(deadline_ms: float | None, *, now_ms: float) -> float | None:
+    """A request's deadline (epoch ms, compared with the worker's clock reading ``now_ms``)
+    on ``time.monotonic()``'s clock, for ``runtime.watchdog.deadline``: a graph run still
+    going then is stopped (``deadline_exceeded``). ``None``: the request has none."""
+    if deadline_ms is None:
+        return None
+    return time.monotonic() + (deadline_ms - now_ms) / 1e3
 
 
 def run_request(name: str, model: Any, request: proto.Request, streams: StreamTable) -> Outcome:

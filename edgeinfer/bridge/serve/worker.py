@@ -37,6 +37,7 @@ from edgeinfer.bridge.serve.serving import (
     ServedModel,
     StreamTable,
     kind_of,
+    run_deadline_s,
     run_request,
 )
 from edgeinfer.bridge.serve.stats import ModelStats, percentiles
@@ -44,6 +45,7 @@ from edgeinfer.bridge.wire import kinds
 from edgeinfer.bridge.wire import protocol as proto
 from edgeinfer.errors import ConfigError
 from edgeinfer.runtime.metrics import LatencyWindow
+from edgeinfer.runtime.watchdog import deadline
 
 __all__ = ["Outgoing", "ServedModel", "Worker", "epoch_ms"]
 
@@ -301,7 +303,8 @@ class Worker:
             ticket.fail(proto.UNKNOWN_MODEL, f"model {request.model!r} is no longer served")
             return
         t0 = time.perf_counter()
-        outcome = run_request(request.model, model, request, self.streams)
+        with deadline(at_s=run_deadline_s(request.deadline_ms, now_ms=started)):  # stops a run
+            outcome = run_request(request.model, model, request, self.streams)
         compute_ms = (time.perf_counter() - t0) * 1e3
         finished = self._clock()
         queue_ms = max(0.0, started - request.received_ms)

@@ -49,6 +49,7 @@ __all__ = [
     "MAX_ID_CHARS",
     "PAYLOAD_TOO_LARGE",
     "PROTOCOL_VERSION",
+    "RUN_TIMEOUT",
     "UNKNOWN_MODEL",
     "WRONG_KIND",
     "Body",
@@ -75,6 +76,7 @@ DEADLINE_EXCEEDED: Final = "deadline_exceeded"
 BUSY: Final = "busy"
 CANCELLED: Final = "cancelled"
 ID_REUSED: Final = "id_reused"
+RUN_TIMEOUT: Final = "run_timeout"
 INTERNAL: Final = "internal"
 ERROR_CODES: Final = (
     BAD_REQUEST,
@@ -85,6 +87,7 @@ ERROR_CODES: Final = (
     BUSY,
     CANCELLED,
     ID_REUSED,
+    RUN_TIMEOUT,
     INTERNAL,
 )
 

@@ -30,7 +30,13 @@ import numpy as np
 
 from edgeinfer import providers as eps
 from edgeinfer.config import RuntimeConfig, SamplingConfig
-from edgeinfer.errors import ConfigError, ContextLengthExceededError, InferenceError, PackageError
+from edgeinfer.errors import (
+    ConfigError,
+    ContextLengthExceededError,
+    InferenceError,
+    PackageError,
+    RunTimeoutError,
+)
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import DecoderIO
 from edgeinfer.runtime import memory
@@ -38,6 +44,7 @@ from edgeinfer.runtime.generate.kvcache import KVCache, device_for
 from edgeinfer.runtime.generate.lookup import PromptLookup, accept_greedy
 from edgeinfer.runtime.generate.sampling import Sampler
 from edgeinfer.runtime.session import open_session
+from edgeinfer.runtime.watchdog import RunLimit
 
 __all__ = ["Decoder", "DecoderGraph"]
 
@@ -83,6 +90,9 @@ class DecoderGraph:
         memory.drop_file_pages(graph.with_name(graph.name + ".data"))
         self.providers: list[str] = list(self._session.get_providers())
         self.device = device_for(self.providers)
+        # Every run of this session (the batched engine's too) stops at run_timeout_s. Not at
+        # a request's deadline: a batched step serves other sequences (the lanes check those).
+        self.limit = RunLimit(timeout_s=config.run_timeout_s, graph=io.graph)
         self.stop_token_ids = frozenset(io.stop_token_ids)
 
 
@@ -170,9 +180,11 @@ class Decoder(DecoderGraph):
     def _run(self, binding: Any) -> None:
         started = time.perf_counter()
         try:
-            self._session.run_with_iobinding(binding)
+            self.limit.call(lambda options: self._session.run_with_iobinding(binding, options))
         except Exception as exc:  # ORT raises its own pybind classes
-            self.cache.ids = []  # a failed run leaves the cache undefined
+            self.cache.ids = []  # a failed (or stopped) run leaves the cache undefined
+            if isinstance(exc, RunTimeoutError):
+                raise
             raise InferenceError(f"onnxruntime failed to run the decoder: {exc}") from exc
         self.run_seconds += time.perf_counter() - started
 

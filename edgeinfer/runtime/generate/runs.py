@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgeinfer.errors import InferenceError
+from edgeinfer.errors import InferenceError, RunTimeoutError
 from edgeinfer.runtime.generate.slots import SlotCache
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ class Runs:
     def __init__(self, graph: DecoderGraph, slots: SlotCache) -> None:
         io = graph.io
         self._io, self._session, self.slots = io, graph._session, slots
+        self._limit = graph.limit  # run_timeout_s stops every run
         rows = slots.rows
         # A step's inputs and outputs, row r for the sequence on row r.
         self.token = np.zeros((rows, 1), np.int64)  # input_ids: [B, 1]
@@ -90,7 +91,9 @@ class Runs:
     def _run(self, binding: Any) -> None:
         started = time.perf_counter()
         try:
-            self._session.run_with_iobinding(binding)
+            self._limit.call(lambda options: self._session.run_with_iobinding(binding, options))
+        except RunTimeoutError:
+            raise
         except Exception as exc:  # ORT raises its own pybind classes
             raise InferenceError(f"onnxruntime failed to run the decoder: {exc}") from exc
         self.seconds += time.perf_counter() - started
