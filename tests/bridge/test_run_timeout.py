@@ -11,6 +11,9 @@ client's own give-up (``RequestTimeoutError``), so the test fails instead of han
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -118,3 +121,33 @@ def test_the_requests_deadline_stops_its_run(own_broker: Mosquitto, spinner_brid
     finally:
         hostile.close()
         quiet.close()
+
+
+def test_serve_run_timeout_flag(own_broker: Mosquitto, fast_spinner: Path, tmp_path: Path) -> None:
+    """``edgeinfer serve --run-timeout`` as a real process: the flag reaches the model."""
+    command = [sys.executable, "-m", "edgeinfer", "serve", str(fast_spinner)]
+    command += ["--broker", own_broker.url, "--device-id", "spin", "--client-id", "serve-spin"]
+    command += ["--run-timeout", "0.5", "--metrics-interval-s", "0"]
+    with (tmp_path / "serve.log").open("wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        client = _client(own_broker, "cli-client")
+        try:
+            inputs = {"inputs": _inputs(X, spin=0)}
+            # Re-sends (the same id) cover the bridge's start-up, before it subscribed.
+            first = client.submit(
+                fast_spinner.name, fields=inputs, attempt_timeout_s=1.0, retries=120, backoff=1.0
+            )
+            assert first.result()["ok"] is True
+            hostile = {"inputs": _inputs(X, spin=1)}
+            reply = client.submit(
+                fast_spinner.name, fields=hostile, attempt_timeout_s=GIVE_UP_S, retries=0
+            ).result()
+            assert reply["ok"] is False and reply["error"]["code"] == "run_timeout", reply
+            assert "0.500 s" in reply["error"]["message"]
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            client.close()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
