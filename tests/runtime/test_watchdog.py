@@ -123,6 +123,29 @@ def test_other_callers_are_answered_while_one_run_hangs(fast_spinner: Path) -> N
         assert isinstance(hostile_thread[0], RunTimeoutError)
 
 
+def test_an_io_binding_run_is_stopped_too(fast_spinner: Path) -> None:
+    """The decoders run through IO bindings (``run_with_iobinding``) under the same
+    ``RunLimit``: onnxruntime stops that kind of run as well, and binds the next."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(
+        str(fast_spinner / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    limit = watchdog.RunLimit(timeout_s=LIMIT_S, graph="model.onnx")
+
+    def bound(spin: int) -> Any:
+        binding = session.io_binding()
+        binding.bind_cpu_input("x", X)
+        binding.bind_cpu_input("spin", np.full(1, spin, np.int64))
+        binding.bind_output("out")
+        limit.call(lambda options: session.run_with_iobinding(binding, options))
+        return binding.copy_outputs_to_cpu()[0]
+
+    error = _bounded(lambda: bound(1))
+    assert isinstance(error, RunTimeoutError) and error.source == "run_timeout_s", error
+    assert np.array_equal(bound(0), X)
+
+
 def test_many_runs_leave_no_deadline_armed(fast_spinner: Path) -> None:
     """Finished runs leave the watchdog's heap (it does not grow with the calls made)."""
     with _load(fast_spinner, run_timeout_s=60.0) as model:
