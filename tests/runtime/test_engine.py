@@ -19,7 +19,9 @@ from edgeinfer.errors import ConfigError, MemoryBudgetError, PackageError
 from edgeinfer.manifest import Manifest
 from edgeinfer.package_io import DecoderIO
 from edgeinfer.runtime.generate import Generator
+from edgeinfer.runtime.generate.decoding import DecoderGraph
 from edgeinfer.runtime.generate.engine import Engine
+from edgeinfer.runtime.generate.runs import Runs
 from edgeinfer.runtime.generate.slots import SlotCache
 from tests.engine_jobs import PROMPTS, all_at_once
 
@@ -189,10 +191,47 @@ def test_a_slot_holds_pages_only_for_what_its_sequence_wrote() -> None:
 
 def test_a_package_without_the_extra_row_input_is_refused_with_a_fix(fast_decoder: Path) -> None:
     manifest = Manifest.read(fast_decoder)
-    gen = Generator(fast_decoder, manifest, config=RuntimeConfig(threads=1), context_length=64)
-    gen.io = dataclasses.replace(gen.io, extra_row_input=None)  # an older export's io
+    graph = DecoderGraph(fast_decoder, manifest, config=RuntimeConfig(threads=1), context_length=64)
+    graph.io = dataclasses.replace(graph.io, extra_row_input=None)  # an older export's io
     with pytest.raises(PackageError, match="re-export"):
-        Engine(gen, ContinuousBatchConfig(max_sequences=2), decode=gen.decode)
+        Engine(graph, ContinuousBatchConfig(max_sequences=2), decode=str)
+
+
+def test_a_newcomer_runs_one_chunk_of_its_prompt_between_two_steps_of_the_others(
+    fast_decoder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bounded step: while a stream decodes, a newcomer's long prompt runs at most
+    ``prefill_chunk_tokens`` tokens between two of its steps, never the whole prompt."""
+    runs: list[tuple[str, int]] = []  # ("fill", tokens) or ("step", rows), in order
+    real_forward, real_step = Runs.forward, Runs.step
+
+    def forward(self: Runs, row: int, ids: Any, start: int, **kw: Any) -> Any:
+        runs.append(("fill", len(ids)))
+        return real_forward(self, row, ids, start, **kw)
+
+    def step(self: Runs, batch: int, **kw: Any) -> None:
+        runs.append(("step", batch))
+        real_step(self, batch, **kw)
+
+    monkeypatch.setattr(Runs, "forward", forward)
+    monkeypatch.setattr(Runs, "step", step)
+    gen = _batched(fast_decoder, max_sequences=2, prefill_chunk_tokens=4)
+    try:
+        first = gen.stream(PROMPTS[0], max_new_tokens=60)
+        next(first)  # decoding
+        runs.clear()
+        long = " ".join(PROMPTS)
+        assert len(gen.encode(long)) > 12  # several chunks
+        gen.generate(long, max_new_tokens=2)
+        first.close()
+    finally:
+        gen.close()
+    fills = [tokens for kind, tokens in runs if kind == "fill"]
+    assert sum(fills) == len(gen.encode(long)) and max(fills) <= 4
+    between = 0  # prompt tokens run since the last step of both rows
+    for kind, count in runs:
+        between = between + count if kind == "fill" else 0
+        assert between <= 4
 
 
 def test_prefill_in_chunks_gives_the_same_tokens(tiny: Generator, fast_decoder: Path) -> None:
