@@ -71,14 +71,15 @@ class Watchdog:
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, _Armed]] = []
         self._order = itertools.count()  # ties on a deadline never compare _Armed
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # taken directly on the hot path: a C-level with
+        self._cond = threading.Condition(self._lock)  # the thread sleeps on it
         self._wake_at = float("inf")  # when the thread wakes next (inf: only when notified)
         self._thread: threading.Thread | None = None
 
     def arm(self, options: Any, *, at_s: float) -> _Armed:
         """Set ``options.terminate`` at ``at_s`` (``time.monotonic()``) unless disarmed first."""
         armed = _Armed(options)
-        with self._cond:
+        with self._lock:
             heapq.heappush(self._heap, (at_s, next(self._order), armed))
             if self._thread is None:
                 self._start()
@@ -88,12 +89,12 @@ class Watchdog:
 
     def disarm(self, armed: _Armed) -> None:
         """The run ended: it is never terminated now; finished runs at the top leave the heap."""
-        with self._cond:
+        with self._lock:
             armed.done = True
             self._drop_done()
 
     def __len__(self) -> int:
-        with self._cond:
+        with self._lock:
             return len(self._heap)
 
     def _drop_done(self) -> None:
@@ -124,7 +125,8 @@ class Watchdog:
     def _after_fork(self) -> None:
         """A forked child has no watchdog thread: start a fresh one on its first run."""
         self._heap, self._thread = [], None
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._wake_at = float("inf")
 
 
