@@ -180,6 +180,9 @@ class ExportContext:
             float_nodes=defaults.get("float_nodes", preset.float_nodes)
             if preset.qdq_rules == "ort"
             else preset.float_nodes,
+            weight_rounding=defaults.get("weight_rounding", preset.weight_rounding)
+            if preset.qdq_rules == "ort"
+            else preset.weight_rounding,
         )
         # A recipe may ship the most accurate variant that passes when its requested one is
         # refused (a model whose int8 is slower than fp32 on some CPUs).

@@ -16,7 +16,7 @@ import numpy as np
 from edgeinfer.config import QuantConfig
 from edgeinfer.errors import ConfigError
 from edgeinfer.export import package
-from edgeinfer.export.passes import ort_compat
+from edgeinfer.export.passes import ort_compat, rounding
 from edgeinfer.export.passes.sensitivity import Tuning, choose_float_nodes
 
 __all__ = [
@@ -210,11 +210,13 @@ def quantize_dynamic_any(graph: Path, out_path: Path, config: QuantConfig) -> No
 
 @dataclass(frozen=True)
 class StaticResult:
-    """What a static quantization kept in float: every node's name (``kept_fp32``), and with
-    ``float_nodes="sensitivity"`` how they were chosen (``sensitivity``, for the report)."""
+    """What a static quantization kept in float: every node's name (``kept_fp32``), with
+    ``float_nodes="sensitivity"`` how they were chosen (``sensitivity``), and with
+    ``weight_rounding="gptq"`` what the re-rounding changed (``rounding``), for the report."""
 
     kept_fp32: list[str]
     sensitivity: dict[str, Any] | None = None
+    rounding: dict[str, Any] | None = None
 
 
 def quantize_static_cnn(
@@ -258,6 +260,8 @@ def quantize_static_cnn(
     if config.avx2_saturation_workaround:
         options["TensorQuantOverrides"] = ort_compat.avx2_weight_overrides(model)
 
+    rounded: dict[Path, dict[str, Any]] = {}  # each written graph's re-rounding record
+
     def write(exclude: Sequence[str], out: Path) -> None:
         _quantize_ort(
             graph,
@@ -267,16 +271,20 @@ def quantize_static_cnn(
             [*fixed, *ort_compat.with_activations(model, exclude)],
             options,
         )
+        if config.weight_rounding == "gptq":
+            layers = rounding.round_weights(out, graph, feeds=feeds, out_path=out, threads=threads)
+            rounded[out] = _rounding_record(layers)
 
     if config.float_nodes == "fixed" or tuning is None or config.max_float_nodes == 0:
         write([], out_path)
-        return StaticResult(fixed)
+        return StaticResult(fixed, rounding=rounded.get(out_path))
     work = out_path.with_name(out_path.stem + "-sensitivity")
     work.mkdir(exist_ok=True)
     tried, count, first, best = choose_float_nodes(
         write, graph, tuning, work_dir=work, max_float_nodes=config.max_float_nodes,
         threads=threads,
     )  # fmt: skip
+    record_rounding = rounded.get(best)
     best.replace(out_path)
     record = {
         "tune_inputs": sum(len(next(iter(feed.values()))) for feed in tuning.feeds),
@@ -288,8 +296,24 @@ def quantize_static_cnn(
     }
     chosen = tried[:count]
     return StaticResult(
-        [*fixed, *ort_compat.with_activations(model, [n.name for n in chosen])], record
+        [*fixed, *ort_compat.with_activations(model, [n.name for n in chosen])],
+        record,
+        record_rounding,
     )
+
+
+def _rounding_record(layers: Sequence[rounding.LayerRounding]) -> dict[str, Any]:
+    """The report's summary of a re-rounding: how many layers, and their summed output error on
+    the calibration data with nearest and with compensated rounding."""
+    nearest = sum(layer.nearest for layer in layers)
+    error = sum(layer.error for layer in layers)
+    return {
+        "method": "gptq",
+        "layers": len(layers),
+        "calibration_output_error_nearest": round(nearest, 6),
+        "calibration_output_error": round(error, 6),
+        "layers_improved": sum(layer.error < layer.nearest for layer in layers),
+    }
 
 
 def _quantize_ort(
@@ -345,6 +369,9 @@ def static_info(config: QuantConfig, result: StaticResult) -> dict[str, Any]:
         info["calibration_percentile"] = config.calibration_percentile
     if result.sensitivity is not None:
         info["sensitivity"] = result.sensitivity
+    info["weight_rounding"] = config.weight_rounding
+    if result.rounding is not None:
+        info["rounding"] = result.rounding
     return info
 
 
