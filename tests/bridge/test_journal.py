@@ -24,7 +24,7 @@ TOPIC = "edgeinfer/dev/m/req"
 REPLY = "edgeinfer/clients/c/reply"
 
 
-def _inbound(request_id: str, *, expiry_s: int | None = None, **body: Any) -> Inbound:
+def _inbound(request_id: str, *, expiry_s: int | None = None, mid: int = 0, **body: Any) -> Inbound:
     payload = json.dumps({"id": request_id, "prompt": "hi", **body}).encode()
     return Inbound(
         topic=TOPIC,
@@ -35,6 +35,7 @@ def _inbound(request_id: str, *, expiry_s: int | None = None, **body: Any) -> In
         user_properties=(("tenant", "a"),),
         message_expiry_s=expiry_s,
         received_ms=NOW_MS,
+        mid=mid,
     )
 
 
@@ -122,8 +123,8 @@ def test_an_answer_is_kept_only_once_the_broker_acknowledged_it(tmp_path: Path) 
     path, wire = tmp_path / "j.sqlite3", Wire()
     delivery = wire.delivery(Journal(path))
     delivery.start()
-    _accept(delivery, _inbound("r1"))
-    delivery.acknowledge(41, 1)
+    _accept(delivery, _inbound("r1", mid=41))
+    delivery.acknowledge(41, 1)  # sent by the journal's thread with the row: not twice
     wait_until(lambda: wire.acked == [41])  # acknowledged once the row is committed
     assert wire.submitted and Journal(path).lookup((REPLY, "m", "r1")) is True
     key = (REPLY, "m", "r1")
@@ -244,7 +245,7 @@ def test_rows_that_arrive_during_a_commit_share_the_next_one_and_nothing_leaves_
     writer = sqlite3.connect(path, isolation_level=None)
     writer.execute("BEGIN IMMEDIATE")  # another writer holds the file: the commit must wait
     for i in range(3):
-        _accept(delivery, _inbound(f"r{i}"))
+        _accept(delivery, _inbound(f"r{i}", mid=100 + i))
         delivery.acknowledge(100 + i, 1)
         delivery._send(_final(f"r{i}"))  # the worker answered before the row was committed
     assert [r.id for r in wire.submitted if isinstance(r, proto.Request)] == ["r0", "r1", "r2"]
@@ -252,8 +253,10 @@ def test_rows_that_arrive_during_a_commit_share_the_next_one_and_nothing_leaves_
     assert Journal(path).lookup((REPLY, "m", "r0")) is None
     assert not delivery.settle(timeout_s=0)  # what a stopping bridge waits for
     writer.execute("ROLLBACK")
+    delivery.acknowledge(7, 1)  # a message that is not a request (a deploy chunk, say)
     assert delivery.settle(timeout_s=30)
-    assert wire.acked == [100, 101, 102]  # in arrival order
+    wait_until(lambda: len(wire.acked) == 4)
+    assert wire.acked == [100, 101, 102, 7]  # in arrival order
     assert [json.loads(out.payload)["id"] for _, out in wire.sent] == ["r0", "r1", "r2"]
     again = Journal(path)
     assert all(again.lookup((REPLY, "m", f"r{i}")) is True for i in range(3))
@@ -285,7 +288,7 @@ def test_a_crash_after_the_commit_and_before_the_puback_leaves_the_request_to_re
         keep_answers=100,
     )
     delivery.start()
-    _accept(delivery, _inbound("r1"))
+    _accept(delivery, _inbound("r1", mid=7))
     delivery.acknowledge(7, 1)
     assert stalled.wait(30)
     restarted = Wire()  # the next start, on what the killed bridge left on disk
@@ -305,7 +308,7 @@ def test_a_row_that_cannot_be_written_is_still_answered_and_acknowledged(tmp_pat
     journal.commit = broken  # type: ignore[method-assign]
     delivery = wire.delivery(journal)
     delivery.start()
-    _accept(delivery, _inbound("r1"))
+    _accept(delivery, _inbound("r1", mid=9))
     delivery.acknowledge(9, 1)
     delivery._send(_final("r1"))
     wait_until(lambda: wire.acked == [9])

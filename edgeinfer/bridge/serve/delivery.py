@@ -1,9 +1,9 @@
 """QoS 1 that holds across a crash: requests go through the journal (``journal.py``).
 
 ``accept`` (paho's thread) queues a QoS 1 request's row for the journal's thread and hands the
-request to the worker at once, so the model runs while the row is written; ``acknowledge``
-(paho's thread, for every QoS > 0 message) sends the PUBACK only after every row queued before
-it is committed — a group commit: one transaction and one fsync for all the rows that came
+request to the worker at once, so the model runs while the row is written; no PUBACK leaves
+before every row queued ahead of it is committed (``acknowledge``; a recorded request's own
+goes with its row) — a group commit: one transaction and one fsync for all the rows that came
 meanwhile. A reply of a request whose row is not committed yet is held and published by the
 journal's thread right after the commit: nothing leaves for a request the broker could still
 redeliver to a bridge that has no row of it. A bridge killed before the commit never
@@ -63,18 +63,13 @@ class _Live:
         self.recorded = recorded
 
 
-class _Row(NamedTuple):
-    """A request's row, queued for the next commit."""
-
-    key: Key
-    inbound: Inbound
-
-
-class _Ack(NamedTuple):
-    """A PUBACK to send once every row queued before it is committed."""
+class _Queued(NamedTuple):
+    """A PUBACK to send once every row queued before it is committed, with the ``row`` (its
+    request's key and message) to commit first when it is a request to record."""
 
     mid: int
     qos: int
+    row: tuple[Key, Inbound] | None = None
 
 
 class Delivery:
@@ -116,8 +111,9 @@ class Delivery:
         self.max_starts = max_starts
         self._lock = threading.Lock()  # guards _live, _awaiting, _queue and _uncommitted
         self._live: dict[Key, _Live] = {}  # recorded (or being recorded), unanswered
-        self._queue: deque[_Row | _Ack] = deque()  # for the journal's thread, in arrival order
+        self._queue: deque[_Queued] = deque()  # for the journal's thread, in arrival order
         self._uncommitted = 0  # rows queued or being committed
+        self._owned: set[int] = set()  # mids of queued rows: the journal's thread acknowledges
         self._committing = False  # a batch is being committed and acknowledged
         self._settled = threading.Condition(self._lock)  # notified after each batch
         self._awaiting: dict[int, tuple[Key, Answer]] = {}  # mid of a final reply -> answer
@@ -161,7 +157,8 @@ class Delivery:
         if self._thread.is_alive():
             with self._lock:
                 self._live[key] = _Live(recorded=False)
-                self._queue.append(_Row(key, inbound))
+                self._queue.append(_Queued(inbound.mid, qos, (key, inbound)))
+                self._owned.add(inbound.mid)
                 self._uncommitted += 1
             self._wake.set()
         else:
@@ -186,9 +183,12 @@ class Delivery:
         if qos < 1:
             return
         with self._lock:
+            if mid in self._owned:  # the journal's thread acknowledges it with its row
+                self._owned.discard(mid)
+                return
             later = self._uncommitted > 0
             if later:
-                self._queue.append(_Ack(mid, qos))
+                self._queue.append(_Queued(mid, qos))
         if later:
             self._wake.set()
         else:
@@ -333,13 +333,13 @@ class Delivery:
                 self._committing = False
                 self._settled.notify_all()
 
-    def _write(self, batch: list[_Row | _Ack], answers: list[tuple[Key, Answer]]) -> None:
+    def _write(self, batch: list[_Queued], answers: list[tuple[Key, Answer]]) -> None:
         """Commit the rows and answers in one transaction, publish the replies held for those
         rows, then send the acknowledgements queued behind them."""
         assert self.journal is not None  # the thread runs only with a journal
         if not batch and not answers:
             return
-        rows = [e for e in batch if isinstance(e, _Row)]
+        rows = [queued.row for queued in batch if queued.row is not None]
         try:
             self.journal.commit(records=rows, answers=answers, now_ms=self._clock())
             written = True
@@ -347,13 +347,12 @@ class Delivery:
             log.exception("could not write %d request(s) to the journal", len(rows))
             written, answers = False, []
         with self._lock:
-            for row in rows:
-                self._recorded(row.key, written=written)
+            for key, _ in rows:
+                self._recorded(key, written=written)
             self._uncommitted -= len(rows)
         self.counts["recorded"] += len(rows) if written else 0
-        for queued in batch:
-            if isinstance(queued, _Ack):
-                self._ack(queued.mid, queued.qos)
+        for queued in batch:  # in arrival order
+            self._ack(queued.mid, queued.qos)
         self._answered(len(answers))
 
     def _recorded(self, key: Key, *, written: bool) -> None:

@@ -56,8 +56,8 @@ _LENGTH = struct.Struct(">I")
 @dataclass(frozen=True)
 class Inbound:
     """One request message as it came off the wire: enough to decode and answer it again.
-    ``redelivered``: the broker sent it before (MQTT's DUP flag: the PUBACK never reached it);
-    not kept in the journal."""
+    ``mid`` (its packet id, for the PUBACK) and ``redelivered`` (the broker sent it before:
+    MQTT's DUP flag, our PUBACK never reached it) are this delivery's, not kept in the journal."""
 
     topic: str
     payload: bytes
@@ -67,6 +67,7 @@ class Inbound:
     user_properties: tuple[tuple[str, str], ...] = ()
     message_expiry_s: int | None = None
     received_ms: float = 0.0
+    mid: int = 0
     redelivered: bool = False
 
     @classmethod
@@ -85,6 +86,7 @@ class Inbound:
             user_properties=tuple((str(k), str(v)) for k, v in users),
             message_expiry_s=None if expiry is None else int(expiry),
             received_ms=received_ms,
+            mid=int(getattr(message, "mid", 0)),
             redelivered=bool(getattr(message, "dup", False)),
         )
 
