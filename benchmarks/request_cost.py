@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model = args.package.resolve().name
     # Under callgrind a request takes ~50x longer: the wait is a hang guard only.
-    wait_s = 600.0 if args.valgrind else 30.0
+    wait_s = 1500.0 if args.valgrind else 30.0
     with tempfile.TemporaryDirectory(prefix="edgeinfer-cost-") as tmp:
         out = Path(tmp) / "callgrind.out"
         serve = [sys.executable, "-m", "edgeinfer", "serve", str(args.package)]
