@@ -230,7 +230,7 @@ class OnnxFileBuilder(GraphBuilder):
         precision = "int8" if share.share >= MIN_INT8_SHARE or mode != "int8" else MIXED
         if precision == MIXED:
             run.report.warnings.append(
-                f"dynamic int8 quantized {share.share:.1%} of the multiply-accumulates (its "
+                f"dynamic int8 quantized {share.share:.2%} of the multiply-accumulates (its "
                 "convolutions stay fp32): labelled mixed, not int8"
                 + ("; int8-static tried beside it" if self._can_calibrate()
                    else "; pass --quantize int8-static to quantize them on calibration data")

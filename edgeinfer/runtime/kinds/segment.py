@@ -11,7 +11,8 @@ Two modes (``ImageSegmenterIO.mode``):
   graph's resolution, then to the picture's pixels; every label present is one mask, scored
   by its mean probability.
 
-Each ``Segment`` keeps its mask only over its box (``mask`` bool [h, w] from ``offset``):
+Each ``Segment`` keeps its mask only over its box (``mask`` bool [h, w] from ``offset``, the
+box rounded out and widened to every pixel the upsampled mask holds):
 300 instances of a 4096 x 4096 frame as full-frame masks would take 5 GB.
 """
 
@@ -120,9 +121,14 @@ def _boxes_to_picture(boxes: np.ndarray, size: tuple[int, int], image: ImageSpec
 
 
 def _crop(mask: np.ndarray, box: np.ndarray) -> tuple[tuple[int, int], np.ndarray]:
-    """``mask`` [h, w] over ``box`` rounded out to whole pixels: (offset, cropped)."""
+    """``mask`` [h, w] over ``box`` rounded out to whole pixels and widened to every pixel
+    the mask holds (upsampling spreads it past the box's edge): (offset, cropped)."""
     x1, y1 = int(np.floor(box[0])), int(np.floor(box[1]))
     x2, y2 = int(np.ceil(box[2])), int(np.ceil(box[3]))
+    ys, xs = np.nonzero(mask)
+    if len(xs):
+        x1, y1 = min(x1, int(xs.min())), min(y1, int(ys.min()))
+        x2, y2 = max(x2, int(xs.max()) + 1), max(y2, int(ys.max()) + 1)
     return (x1, y1), mask[y1:y2, x1:x2].copy()
 
 
@@ -146,9 +152,9 @@ def instance_masks(
     picture_boxes = _boxes_to_picture(found.boxes, size, io.image)
     for logit, box, picture_box in zip(logits, found.boxes, picture_boxes, strict=True):
         plane = _resize(logit.reshape(mh, mw), io.image.width, io.image.height)
-        inside = np.zeros_like(plane, bool)
-        x1, y1 = max(int(box[0]), 0), max(int(box[1]), 0)
-        inside[y1 : int(np.ceil(box[3])), x1 : int(np.ceil(box[2]))] = True
+        columns, rows = np.arange(plane.shape[1]), np.arange(plane.shape[0])[:, None]
+        # ultralytics' crop_mask: the pixels whose index lies in [x1, x2) and [y1, y2)
+        inside = (columns >= box[0]) & (columns < box[2]) & (rows >= box[1]) & (rows < box[3])
         probability = np.where(inside, 1.0 / (1.0 + np.exp(-plane)), 0.0)
         picture = _to_picture(probability, size, io.image) >= io.mask_threshold
         masks.append(_crop(picture, picture_box))
