@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -60,7 +61,16 @@ def spinner_bridge(
         try:
             yield bridge
         finally:
-            bridge.stop()
+            _stop_within_bound(bridge)
+
+
+def _stop_within_bound(bridge: Bridge) -> None:
+    """``bridge.stop()`` joins its worker threads: on the old code one still spins in the
+    hostile run, so the stop runs in a thread joined with a bound (a failure, never a hang)."""
+    stopper = threading.Thread(target=bridge.stop, daemon=True)
+    stopper.start()
+    stopper.join(GIVE_UP_S)
+    assert not stopper.is_alive(), "the bridge could not stop: a worker thread still runs"
 
 
 def _client(broker: Mosquitto, name: str) -> Client:
