@@ -17,6 +17,7 @@ from bridge_harness import Mosquitto, require_mosquitto, wait_until
 
 import edgeinfer
 from edgeinfer.bridge import Bridge, BridgeConfig, Connection
+from edgeinfer.bridge.serve.homeassistant import discovery_messages
 
 # The bridge may read requests and write its own topics and the replies, but not discovery.
 ACL = """user bridge
@@ -50,14 +51,16 @@ def test_a_refused_publish_is_logged_once_per_topic_with_the_fix(
     )
     caplog.set_level(logging.ERROR, logger="edgeinfer.bridge.serve.outbox")
     with Bridge({"tiny": edgeinfer.load(fast_encoder, threads=1)}, config=config) as bridge:
-        wait_until(lambda: bridge.refusals > 0)
+        # every discovery config is refused once (a refusal is counted before it is logged,
+        # on paho's thread: wait for both)
+        configs = len(discovery_messages(config, {"tiny": "embed"}))
+        wait_until(lambda: bridge.refusals >= configs and len(caplog.records) >= configs)
         refused = {r.args[0] for r in caplog.records if r.args}  # type: ignore[index]
-        assert refused and all(t.startswith("homeassistant/") for t in refused)
-        first = len(caplog.records)
+        assert len(refused) == configs and all(t.startswith("homeassistant/") for t in refused)
         acl_broker.kill9()  # the bridge reconnects, and publishes the configs again
         acl_broker.start()
-        wait_until(lambda: bridge.refusals >= 2 * first)
-    assert len(caplog.records) == first  # once per topic, not once per publish
+        wait_until(lambda: bridge.refusals >= 2 * configs)
+    assert len(caplog.records) == configs  # once per topic, not once per publish
     message = caplog.records[0].getMessage()
     assert "homeassistant/" in message and "Not authorized" in message and "ACL" in message
 
