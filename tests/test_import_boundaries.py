@@ -81,3 +81,16 @@ def test_edgeinfer_has_no_import_cycle() -> None:
         if name not in state:
             visit(name, [name])
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_deploys_do_not_import_serving() -> None:
+    """``ota/`` reads the served-model table from bridge/models.py, never ``serve/``: the two
+    imported each other (a cycle) before; the bridge composes the deployer."""
+    wrong = [
+        f"{source_modules()[module].relative_to(ROOT)}:{line}: {module} imports {target}"
+        for module, targets in sorted(import_graph().items())
+        if module.startswith("edgeinfer.bridge.ota")
+        for target, line in sorted(targets.items())
+        if target.startswith("edgeinfer.bridge.serve")
+    ]
+    assert not wrong, "\n".join(wrong)

@@ -1,6 +1,8 @@
 """The MQTT bridge: serve edgeinfer models to MQTT devices with request/response and deadlines.
 
-``Bridge`` serves (``edgeinfer serve`` is its command line), ``Client`` asks, ``protocol`` and
+``serve(packages, settings=ServeSettings(...))`` and ``Server`` serve package folders
+(``edgeinfer serve`` only maps its flags to ``ServeSettings``); ``Bridge`` serves loaded
+models; ``Client`` asks; ``protocol`` and
 ``kinds`` are the wire format (pure, no paho), ``deploy``/``publish`` move signed packages to
 devices. docs/mqtt.md is the contract. Needs the ``mqtt`` extra (paho-mqtt, msgpack,
 cryptography); encoded images need the ``images`` extra (Pillow).
@@ -15,6 +17,7 @@ from edgeinfer.bridge.ota.signing import TrustedKeys, generate_keypair
 from edgeinfer.bridge.serve.mqtt import Bridge
 from edgeinfer.bridge.serve.settings import BridgeConfig, default_client_id
 from edgeinfer.bridge.serve.worker import Worker
+from edgeinfer.bridge.server import DeploySettings, Server, ServeSettings, serve
 from edgeinfer.bridge.wire.failures import raise_for_error
 from edgeinfer.bridge.wire.protocol import ERROR_CODES, PROTOCOL_VERSION, ErrorReply, Request
 
@@ -27,9 +30,12 @@ __all__ = [
     "Connection",
     "DeployConfig",
     "DeployOutcome",
+    "DeploySettings",
     "Deployer",
     "ErrorReply",
     "Request",
+    "ServeSettings",
+    "Server",
     "TrustedKeys",
     "Worker",
     "default_client_id",
@@ -38,5 +44,6 @@ __all__ = [
     "parse_broker_url",
     "raise_for_error",
     "rollback_package",
+    "serve",
     "sign_package",
 ]

@@ -1,14 +1,16 @@
 """``edgeinfer serve PKG [PKG...] --broker mqtt://HOST:PORT``: serve packages over MQTT.
 
 Each package is served under its folder name (``edgeinfer/DEVICE/<folder>/req``). The command runs
-until SIGINT or SIGTERM, then finishes queued requests, marks itself offline and exits 0.
+until SIGINT or SIGTERM, then finishes queued requests, marks itself offline and exits 0. It only
+maps its flags to ``edgeinfer.bridge.ServeSettings``; ``edgeinfer.bridge.Server`` serves.
 """
 
 from __future__ import annotations
 
-import signal
+import json
 import socket
-import threading
+from dataclasses import asdict, fields
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,6 +21,7 @@ from edgeinfer.cli.common import (
     Broker,
     ClientId,
     DeviceId,
+    JsonOut,
     MqttPassword,
     MqttPasswordFile,
     MqttProtocol,
@@ -39,6 +42,8 @@ from edgeinfer.config import DEFAULT_RUN_TIMEOUT_S
 __all__ = ["serve"]
 
 DEFAULT_MAX_PAYLOAD_BYTES = 256 << 10  # a batch of texts or a camera frame, not a model
+_CACHE_REPLIES = 64 << 20  # the reply cache --cache turns on: ~40k MiniLM replies
+_DEPLOYS = "Deploys"
 
 
 def serve(
@@ -149,20 +154,73 @@ def serve(
     ] = None,
     deploy_dir: Annotated[
         Path | None,
-        typer.Option(help="take signed packages over MQTT (edgeinfer deploy); kept here"),
+        typer.Option(
+            help="take signed packages over MQTT (edgeinfer deploy); kept here",
+            rich_help_panel=_DEPLOYS,
+        ),
     ] = None,
     trusted_key: Annotated[
         list[Path] | None,
-        typer.Option(help="public key (edgeinfer keygen's .pub) whose deploys are accepted"),
+        typer.Option(
+            help="public key (edgeinfer keygen's .pub) whose deploys are accepted",
+            rich_help_panel=_DEPLOYS,
+        ),
     ] = None,
     revoked: Annotated[
         Path | None,
-        typer.Option(help="file of revoked key ids (one a line): their signatures are refused"),
+        typer.Option(
+            help="file of revoked key ids (one a line): their signatures are refused",
+            rich_help_panel=_DEPLOYS,
+        ),
     ] = None,
     compatible: Annotated[
         list[str] | None,
-        typer.Option(help="device class(es) this device takes releases for (sign --compatible)"),
+        typer.Option(
+            help="device class(es) this device takes releases for (sign --compatible)",
+            rich_help_panel=_DEPLOYS,
+        ),
     ] = None,
+    check_timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            help="seconds a deployed package's check (load, warm-up, smoke cases, in a child "
+            "process) may take before it is killed and the deploy fails (default: 120)",
+            rich_help_panel=_DEPLOYS,
+        ),
+    ] = None,
+    check_memory: Annotated[
+        int | None,
+        size_option(
+            "--check-memory",
+            help="data memory that check may use (default: 3/4 of what is available)",
+            rich_help_panel=_DEPLOYS,
+        ),
+    ] = None,
+    max_client_requests: Annotated[
+        int | None,
+        typer.Option(
+            help="requests one client (reply address) may have queued or running; one more "
+            "gets 'busy' (default: no cap: the queue is already fair per client)",
+            min=1,
+        ),
+    ] = None,
+    max_client_generations: Annotated[
+        int | None,
+        typer.Option(help="the same per generate model, for generations (default: no cap)", min=1),
+    ] = None,
+    journal_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="where the request journal lives (a QoS 1 request is acknowledged once "
+            "recorded; a killed bridge answers it after a restart; default: "
+            "$EDGEINFER_STATE_DIR, else the user's state folder)"
+        ),
+    ] = None,
+    journal_keep_s: Annotated[
+        float,
+        typer.Option(help="answered requests stay in the journal (duplicates answered) this long"),
+    ] = 3600.0,
+    json_out: JsonOut = False,
     max_payload_bytes: Annotated[
         int | None, deprecated("--max-payload-bytes", instead="--max-payload 256KiB")
     ] = None,
@@ -177,9 +235,9 @@ def serve(
     ] = None,
 ) -> None:
     """Serve model packages to MQTT devices: request/response with deadlines."""
-    import edgeinfer
-    from edgeinfer.bridge import Bridge, BridgeConfig, default_client_id
-    from edgeinfer.errors import BrokerAuthError, BrokerUnavailableError, ConfigError
+    from edgeinfer.bridge import BridgeConfig, DeploySettings, Server, ServeSettings
+    from edgeinfer.bridge.serve.settings import default_client_id, default_state_dir
+    from edgeinfer.config import CacheConfig
 
     max_payload = aliased(
         max_payload,
@@ -190,22 +248,11 @@ def serve(
     reply_cache = aliased(
         reply_cache, _mib(reply_cache_mb), default=None, names="--reply-cache / --reply-cache-mb"
     )
-    kv_budget = aliased(
-        kv_budget, _mib(kv_budget_mb), default=None, names="--kv-budget / --kv-budget-mb"
-    )
-    memory_budget = aliased(
-        memory_budget,
-        _mib(memory_budget_mb),
-        default=None,
-        names="--memory-budget / --memory-budget-mb",
-    )
     device = device_id or socket.gethostname().split(".")[0]
-    connection = broker_connection(
-        ctx.params,
-        client_id=client_id or default_client_id(device, shared_group),
-    )
-    config = BridgeConfig(
-        connection=connection,
+    bridge = BridgeConfig(
+        connection=broker_connection(
+            ctx.params, client_id=client_id or default_client_id(device, shared_group)
+        ),
         device_id=device,
         topic_prefix=topic_prefix,
         shared_group=shared_group,
@@ -213,79 +260,48 @@ def serve(
         max_queue=max_queue,
         max_payload_bytes=max_payload,
         metrics_interval_s=metrics_interval_s,
-        reply_cache_bytes=reply_cache if reply_cache is not None else (64 << 20) * cache,
+        reply_cache_bytes=reply_cache if reply_cache is not None else _CACHE_REPLIES * cache,
         max_generate_queue=max_generate_queue,
         max_generations=max_generations,
+        max_client_requests=max_client_requests,
+        max_client_generations=max_client_generations,
         reply_topics=tuple(reply_topic or ()),
         availability=availability,
         ha_discovery_prefix=ha_discovery,
+        journal_dir=journal_dir or default_state_dir(),
+        journal_keep_s=journal_keep_s,
     )
-    names = [p.resolve().name for p in packages]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"two packages share a folder name (the topic level): {names}")
-    # Several spinning sessions in one process fight for the cores: spin only with one model.
-    runtime = edgeinfer.RuntimeConfig(
-        spin_wait=len(packages) == 1,
-        file_backed_prepacks=file_backed_prepacks,
-        memory_budget_bytes=memory_budget,
-        run_timeout_s=run_timeout or None,
-    )
-    cache_config = edgeinfer.CacheConfig(directory=cache_dir) if cache else None
-
-    def load(path: Path) -> Any:
-        manifest = edgeinfer.Manifest.read(path)
-        cached = cache_config if manifest.task in ("embed", "classify") else None  # text only
-        return edgeinfer.load(
-            path,
-            threads=threads,
-            config=runtime,
-            cache=cached,
-            continuous_batching=generations_for(manifest, config.generations, kv_budget),
-        )
-
-    models: dict[str, Any] = {name: load(path) for name, path in zip(names, packages, strict=True)}
     deploy = None
     if deploy_dir is not None:
-        from edgeinfer.bridge import DeployConfig, TrustedKeys
-        from edgeinfer.bridge.ota.signing import read_revoked
-
-        if not trusted_key:
-            raise ConfigError("--deploy-dir needs at least one --trusted-key (a .pub file)")
-        trusted = TrustedKeys.load(
-            trusted_key, revoked=read_revoked(revoked) if revoked else frozenset()
+        timeout = {} if check_timeout_s is None else {"check_timeout_s": check_timeout_s}
+        deploy = DeploySettings(
+            folder=deploy_dir,
+            trusted_keys=tuple(trusted_key or ()),
+            revoked=revoked,
+            compatible=tuple(compatible or ()),
+            check_memory_bytes=check_memory,
+            **timeout,
         )
-        deploy = DeployConfig(
-            folder=deploy_dir, trusted=trusted, loader=load, compatible=tuple(compatible or ())
-        )
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    bridge = Bridge(
-        models, config=config, deploy=deploy, origins=dict(zip(names, packages, strict=True))
+    settings = ServeSettings(
+        bridge=bridge,
+        threads=threads,
+        cache=CacheConfig(directory=cache_dir) if cache else None,
+        file_backed_prepacks=file_backed_prepacks,
+        run_timeout_s=run_timeout or None,
+        memory_budget_bytes=aliased(
+            memory_budget,
+            _mib(memory_budget_mb),
+            default=None,
+            names="--memory-budget / --memory-budget-mb",
+        ),
+        kv_budget_bytes=aliased(
+            kv_budget, _mib(kv_budget_mb), default=None, names="--kv-budget / --kv-budget-mb"
+        ),
+        deploy=deploy,
     )
-    if bridge.deployer is not None:  # what was deployed before a restart is served again
-        for name, model in bridge.deployer.restore().items():
-            bridge.models.swap(name, model)
-    try:
-        bridge.start(timeout_s=None)
-        try:
-            bridge.wait_ready(timeout_s=30)
-        except BrokerUnavailableError:  # keep trying: the broker may come up after us (boot order)
-            console.print(f"[yellow]{broker} not reachable yet; retrying in the background[/]")
-        console.print(
-            f"serving {', '.join(names)} on {broker} as {config.base}/<model>/req "
-            f"(client id {connection.client_id}); Ctrl-C to stop"
-        )
-        while not stop.wait(0.5):
-            if bridge.refused is not None:
-                raise BrokerAuthError(f"the broker refused the bridge: {bridge.refused}")
-    finally:
-        bridge.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    Server(packages, settings=settings).run(on_ready=partial(_report_ready, json_out=json_out))
+    if json_out:
+        typer.echo(json.dumps({"state": "stopped"}))
     console.print("stopped")
 
 
@@ -293,23 +309,43 @@ def _mib(value: int | None) -> int | None:
     return None if value is None else value << 20
 
 
-def generations_for(manifest: Any, generations: int, kv_budget_bytes: int | None) -> Any:
-    """The continuous batching a generate package is served with: ``generations`` slots
-    (within ``kv_budget_bytes`` of KV) when its graph can batch and more than one is asked for,
-    else ``None`` (one at a time)."""
-    import logging
+def _report_ready(server: Any, *, json_out: bool) -> None:
+    """What serves where: a line on stderr; with ``--json``, also one JSON line on stdout
+    with the settings the server runs with (no password)."""
+    config = server.settings.bridge
+    console.print(
+        f"serving {', '.join(server.names)} on {config.connection.broker} as "
+        f"{config.base}/<model>/req (client id {config.connection.client_id}); Ctrl-C to stop"
+    )
+    if json_out:
+        typer.echo(json.dumps(_ready_report(server), default=str, sort_keys=True))
 
-    from edgeinfer.config import ContinuousBatchConfig
-    from edgeinfer.package_io import DecoderIO
 
-    if manifest.task != "generate" or generations < 2:
-        return None
-    if not manifest.io_as(DecoderIO).extra_row_input:
-        logging.getLogger(__name__).warning(
-            "%s decodes one generation at a time (exported before continuous batching); "
-            "re-export it to serve %d at once",
-            manifest.name,
-            generations,
-        )
-        return None
-    return ContinuousBatchConfig(max_sequences=generations, kv_budget_bytes=kv_budget_bytes)
+def _ready_report(server: Any) -> dict[str, Any]:
+    settings = server.settings
+    bridge = {f.name: getattr(settings.bridge, f.name) for f in fields(settings.bridge)}
+    connection = {k: v for k, v in asdict(bridge.pop("connection")).items() if k != "password"}
+    report: dict[str, Any] = {
+        "state": "serving",
+        "models": server.names,
+        "base": settings.bridge.base,
+        "bridge": {**bridge, "connection": connection},
+        "runtime": {
+            "threads": settings.threads,
+            "cache": settings.cache is not None,
+            "file_backed_prepacks": settings.file_backed_prepacks,
+            "memory_budget_bytes": settings.memory_budget_bytes,
+            "kv_budget_bytes": settings.kv_budget_bytes,
+        },
+        "deploy": None,
+    }
+    deploy = server.deploy_config
+    if deploy is not None:
+        report["deploy"] = {
+            "folder": deploy.folder,
+            "compatible": list(deploy.compatible),
+            "check_timeout_s": deploy.check_timeout_s,
+            "check_memory_bytes": deploy.check_memory_bytes,
+            "check_load": deploy.check_load.to_json(),
+        }
+    return report

@@ -97,13 +97,14 @@ def test_four_devices_are_answered_together_the_rest_queue_then_busy(
 def test_serve_batches_generate_packages_that_can_and_says_when_one_cannot(
     fast_decoder: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from edgeinfer.cli.serve_cmd import generations_for
+    from edgeinfer.bridge.models import batching_for
 
     manifest = edgeinfer.Manifest.read(fast_decoder)
-    config = generations_for(manifest, 4, 16 << 20)
+    config = batching_for(manifest, generations=4, kv_budget_bytes=16 << 20)
     assert config == ContinuousBatchConfig(max_sequences=4, kv_budget_bytes=16 << 20)
-    assert generations_for(manifest, 1, None) is None  # one at a time: the solo path
+    # one at a time: the solo path
+    assert batching_for(manifest, generations=1, kv_budget_bytes=None) is None
     older = dataclasses.replace(manifest, io=dataclasses.replace(manifest.io, extra_row_input=None))
     with caplog.at_level(logging.WARNING):
-        assert generations_for(older, 4, None) is None
+        assert batching_for(older, generations=4, kv_budget_bytes=None) is None
     assert "re-export" in caplog.text

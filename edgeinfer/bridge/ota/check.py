@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer import errors
+from edgeinfer.bridge.models import batching_for
 from edgeinfer.errors import BridgeError, CheckLimitError, PackageError
 
 if TYPE_CHECKING:
@@ -119,15 +120,11 @@ class LoadOptions:
     def load(self, package: Path) -> Model:
         """``edgeinfer.load`` of ``package`` with these options (verified, warmed up)."""
         import edgeinfer
-        from edgeinfer.package_io import DecoderIO
 
         manifest = edgeinfer.Manifest.read(package)
-        batching = None
-        if manifest.task == "generate" and self.generations > 1:
-            if manifest.io_as(DecoderIO).extra_row_input:  # its graph batches
-                batching = edgeinfer.ContinuousBatchConfig(
-                    max_sequences=self.generations, kv_budget_bytes=self.kv_budget_bytes
-                )
+        batching = batching_for(
+            manifest, generations=self.generations, kv_budget_bytes=self.kv_budget_bytes
+        )
         runtime = edgeinfer.RuntimeConfig(
             spin_wait=False,  # a check shares the cores with the requests served meanwhile
             file_backed_prepacks=self.file_backed_prepacks,

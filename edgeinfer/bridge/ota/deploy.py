@@ -35,16 +35,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.bridge.models import ModelTable, PublishStatus, ServedModel, is_topic_level
 from edgeinfer.bridge.ota.check import BoundedCheck
 from edgeinfer.bridge.ota.deploy_config import DeployConfig, default_smoke_check
 from edgeinfer.bridge.ota.jobs import CommitJob, JobQueue, PendingDeploy, RollbackJob, TrialEndJob
 from edgeinfer.bridge.ota.release import Release, RollbackOrder, signed_manifest
-from edgeinfer.bridge.ota.staging import MAX_CONTROL_BYTES, Staging
+from edgeinfer.bridge.ota.staging import MAX_CHUNK_BYTES, MAX_CONTROL_BYTES, Staging
 from edgeinfer.bridge.ota.state import Kept, Names, remove_partial
-from edgeinfer.bridge.ota.status import DeployStatus, Publish
+from edgeinfer.bridge.ota.status import DeployStatus
 from edgeinfer.bridge.ota.trials import Trials, after_verdict
-from edgeinfer.bridge.serve.serving import ModelTable, ServedModel
-from edgeinfer.bridge.serve.settings import TOPIC_LEVEL_BAD
 from edgeinfer.bridge.wire import protocol as proto
 from edgeinfer.errors import ConfigError, DeployRefusedError, EdgeInferError
 from edgeinfer.manifest import Manifest
@@ -69,7 +68,7 @@ class Deployer:
         device_id: str,
         models: ModelTable,
         origins: Mapping[str, Path],
-        publish: Publish,
+        publish: PublishStatus,
         on_swap: Callable[[], None] = lambda: None,
     ) -> None:
         self.config, self.device_id, self.models = config, device_id, models
@@ -94,6 +93,11 @@ class Deployer:
         self._check = BoundedCheck()
         # A daemon: a load under way when ``stop`` gives up must not keep the process alive.
         self._thread = threading.Thread(target=self._loop, name="edgeinfer-deploy", daemon=True)
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest chunk message a device buffers (the bridge's packet limit follows)."""
+        return MAX_CHUNK_BYTES
 
     # -- lifecycle ---------------------------------------------------------------------------
     def restore(self) -> dict[str, ServedModel]:
@@ -187,8 +191,7 @@ class Deployer:
         chunk_bytes = message.get("chunk_bytes")
         if (
             not isinstance(name, str)
-            or not name
-            or TOPIC_LEVEL_BAD & set(name)
+            or not is_topic_level(name)
             or name == self.staging.folder.name
         ):
             raise ConfigError(f"deploy name {name!r} is not a valid topic level (nor 'staging')")

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.bridge.models import ServedModel
 from edgeinfer.bridge.ota.check import DEFAULT_CHECK_TIMEOUT_S, CheckLimits, LoadOptions
 from edgeinfer.bridge.ota.signing import TrustedKeys
-from edgeinfer.bridge.serve.serving import ServedModel
 
 __all__ = ["DeployConfig", "default_smoke_check"]
 

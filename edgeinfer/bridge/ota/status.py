@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from edgeinfer.bridge.models import PublishStatus
 from edgeinfer.bridge.wire import protocol as proto
 from edgeinfer.errors import DeployRefusedError, EdgeInferError
 
@@ -23,7 +24,6 @@ __all__ = ["DeployStatus", "reason_of"]
 log = logging.getLogger(__name__)
 
 _RECENT_REFUSALS = 64  # kinds remembered: junk alternating between kinds stays answered once
-Publish = Callable[[dict[str, Any], bool], None]  # (status, retain)
 
 
 def reason_of(exc: BaseException) -> str:
@@ -39,7 +39,7 @@ def reason_of(exc: BaseException) -> str:
 class DeployStatus:
     """Publishes deploy statuses with ``publish(status, retain)``."""
 
-    def __init__(self, publish: Publish) -> None:
+    def __init__(self, publish: PublishStatus) -> None:
         self._publish = publish
         self.last: dict[str, Any] = {}  # the last retained status
         self._refused: OrderedDict[tuple[Any, ...], None] = OrderedDict()

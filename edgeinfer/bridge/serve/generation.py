@@ -28,10 +28,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from edgeinfer.bridge.models import ModelTable
 from edgeinfer.bridge.serve.fairness import FairQueue, enqueue
 from edgeinfer.bridge.serve.guard import Hold, Ticket
 from edgeinfer.bridge.serve.replies import Stored
-from edgeinfer.bridge.serve.serving import ModelTable
 from edgeinfer.bridge.wire import kinds
 from edgeinfer.bridge.wire import protocol as proto
 from edgeinfer.config import SamplingConfig

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from paho.mqtt.properties import Properties
     from paho.mqtt.reasoncodes import ReasonCode
 
-    from edgeinfer.bridge.serve.serving import ModelTable
+    from edgeinfer.bridge.models import ModelTable
 
 __all__ = ["AvailabilityLink", "Discovery", "GroupMembers", "discovery_messages"]
 

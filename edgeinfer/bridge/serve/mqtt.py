@@ -33,15 +33,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer.bridge.connection import connect_async, new_paho_client
-from edgeinfer.bridge.ota.deploy import DeployConfig, Deployer
+from edgeinfer.bridge.models import ModelTable, ServedModel, is_topic_level
+from edgeinfer.bridge.ota.deploy import Deployer
+from edgeinfer.bridge.ota.deploy_config import DeployConfig
 from edgeinfer.bridge.serve import intake
 from edgeinfer.bridge.serve.delivery import Delivery
 from edgeinfer.bridge.serve.homeassistant import AvailabilityLink, Discovery
 from edgeinfer.bridge.serve.journal import Inbound, Journal
 from edgeinfer.bridge.serve.outbox import Outbox
-from edgeinfer.bridge.serve.serving import ModelTable, StreamTable
-from edgeinfer.bridge.serve.settings import TOPIC_LEVEL_BAD, BridgeConfig, default_client_id
-from edgeinfer.bridge.serve.worker import Outgoing, ServedModel, Worker, epoch_ms
+from edgeinfer.bridge.serve.serving import StreamTable
+from edgeinfer.bridge.serve.settings import BridgeConfig, default_client_id
+from edgeinfer.bridge.serve.worker import Outgoing, Worker, epoch_ms
 from edgeinfer.bridge.wire import protocol as proto
 from edgeinfer.errors import BrokerAuthError, BrokerUnavailableError, ConfigError
 
@@ -70,7 +72,8 @@ class Bridge:
     Args:
         models: model name (its topic level) -> a loaded model.
         config: the bridge settings.
-        deploy: take signed packages over MQTT (``deploy.py``); ``None``: no deploys.
+        deploy: take signed packages over MQTT (``edgeinfer.bridge.DeployConfig``); ``None``:
+            no deploys.
         origins: the package folder each model was loaded from (``rollback`` goes back to it
             after a first deploy; its signature, when trusted, names the signer in the status).
         clock_ms: epoch-ms clock of the deadlines (tests pass a fake one).
@@ -88,7 +91,7 @@ class Bridge:
         if not models:
             raise ConfigError("the bridge needs at least one model")
         for name in models:
-            if not name or TOPIC_LEVEL_BAD & set(name):
+            if not is_topic_level(name):
                 raise ConfigError(f"model name {name!r} is not a valid topic level")
         if deploy is not None and config.shared_group:
             raise ConfigError("deploys go to one bridge: not with a shared group")
@@ -168,7 +171,9 @@ class Bridge:
         connect_async(
             self._client,
             self.config.session,
-            max_packet_bytes=self.config.max_packet_bytes(deploys=self.deployer is not None),
+            max_packet_bytes=self.config.max_packet_bytes(
+                other_bytes=0 if self.deployer is None else self.deployer.max_message_bytes
+            ),
         )
         self._client.loop_start()
         if self.config.metrics_interval_s > 0:

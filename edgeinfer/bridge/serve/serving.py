@@ -1,5 +1,5 @@
-"""What the bridge serves: the model table (swapped between requests), the kind each model
-takes, per-device stream state for stateful models, and running one request on one model.
+"""What the bridge serves: the kind each model of the table (``bridge/models.py``) takes,
+per-device stream state for stateful models, and running one request on one model.
 
 Models are duck-typed (``edgeinfer.Model`` fits): ``task`` and ``manifest`` always; then
 ``embed_with_info``/``classify`` (text), ``classify`` on uint8 images (image classifiers),
@@ -16,37 +16,18 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from edgeinfer.bridge.models import ServedModel
 from edgeinfer.bridge.wire import arrays, kinds
 from edgeinfer.bridge.wire import protocol as proto
 from edgeinfer.bridge.wire.frames import frames_to_batch, frames_to_pictures
 from edgeinfer.errors import InputError
 from edgeinfer.package_io import ImageClassifierIO
 
-__all__ = [
-    "ModelTable",
-    "Outcome",
-    "ServedModel",
-    "StreamTable",
-    "kind_of",
-    "run_deadline_s",
-    "run_request",
-]
-
-
-class ServedModel(Protocol):
-    """What every served model has: ``edgeinfer.Model`` satisfies it."""
-
-    @property
-    def task(self) -> str:
-        """``embed``, ``classify``, ``generate`` or ``raw``."""
-
-    @property
-    def manifest(self) -> Any:
-        """The package manifest (``precision``, ``digest``, ``io``)."""
+__all__ = ["Outcome", "StreamTable", "kind_of", "run_deadline_s", "run_request"]
 
 
 # A package's io.kind -> the request kind it takes (text for the text kinds).
@@ -68,35 +49,6 @@ def kind_of(model: ServedModel) -> str:
 
 def _image_spec(manifest: Any) -> Any:
     return manifest.io_as(ImageClassifierIO).image
-
-
-class ModelTable:
-    """Model name -> the model serving it now. ``swap`` replaces one between requests: a
-    request takes its model once, when it starts, so it is answered wholly by one model."""
-
-    def __init__(self, models: Mapping[str, ServedModel]) -> None:
-        self._models = dict(models)
-        self._lock = threading.Lock()  # serializes writers; readers see a whole dict
-
-    def get(self, name: str) -> ServedModel | None:
-        """The model serving ``name`` now, or ``None``."""
-        return self._models.get(name)
-
-    def names(self) -> list[str]:
-        """The served names, sorted."""
-        return sorted(self._models)
-
-    def swap(self, name: str, model: ServedModel) -> ServedModel | None:
-        """Serve ``name`` with ``model`` from the next request on; return the one it replaces."""
-        with self._lock:
-            previous = self._models.get(name)
-            self._models = {**self._models, name: model}  # copy-on-write: no torn reads
-            return previous
-
-    def items(self) -> list[tuple[str, ServedModel]]:
-        """(name, model) pairs, sorted by name."""
-        models = self._models
-        return sorted(models.items())
 
 
 @dataclass

@@ -11,14 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgeinfer.bridge.connection import Connection
-from edgeinfer.bridge.ota.staging import MAX_CHUNK_BYTES
+from edgeinfer.bridge.models import is_topic_level
 from edgeinfer.bridge.wire.values import MAX_TOPIC_BYTES, valid_topic
 from edgeinfer.config import ContinuousBatchConfig
 from edgeinfer.errors import ConfigError
 
-__all__ = ["TOPIC_LEVEL_BAD", "BridgeConfig", "default_client_id", "default_state_dir"]
+__all__ = ["BridgeConfig", "default_client_id", "default_state_dir"]
 
-TOPIC_LEVEL_BAD = frozenset("/+#\0")
 # A packet's bytes beyond its payload: fixed header, topic, ResponseTopic, CorrelationData and
 # ContentType of a request fit with a wide margin (each is a few hundred bytes in practice).
 _PACKET_HEADROOM = 64 * 1024
@@ -131,7 +130,7 @@ class BridgeConfig:
             ("topic_prefix", self.topic_prefix),
             ("shared_group", self.shared_group or "x"),
         ):
-            if not level or TOPIC_LEVEL_BAD & set(level):
+            if not is_topic_level(level):
                 raise ConfigError(f"{name} must be a non-empty topic level without / + # NUL")
         for name, cap in (
             ("max_client_requests", self.max_client_requests),
@@ -161,15 +160,12 @@ class BridgeConfig:
                     "only as whole levels, '#' last)"
                 )
 
-    def max_packet_bytes(self, *, deploys: bool = False) -> int:
+    def max_packet_bytes(self, *, other_bytes: int = 0) -> int:
         """The MQTT v5 Maximum Packet Size the bridge announces: the broker drops bigger
         messages rather than make paho read them whole. A request up to
-        ``max_payload_bytes`` (with ``deploys``, a deploy chunk up to ``MAX_CHUNK_BYTES``)
-        plus room for the topic, properties and a chunk's fields."""
-        largest = (
-            max(self.max_payload_bytes, MAX_CHUNK_BYTES) if deploys else self.max_payload_bytes
-        )
-        return largest + _PACKET_HEADROOM
+        ``max_payload_bytes`` (or another message the bridge takes, up to ``other_bytes``:
+        a deploy chunk) plus room for the topic, properties and a chunk's fields."""
+        return max(self.max_payload_bytes, other_bytes) + _PACKET_HEADROOM
 
     @property
     def journal_path(self) -> Path | None:

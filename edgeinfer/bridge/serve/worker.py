@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from edgeinfer.bridge.models import ModelTable, ServedModel
 from edgeinfer.bridge.serve.fairness import FairQueue, enqueue
 from edgeinfer.bridge.serve.generation import GenerationLane
 from edgeinfer.bridge.serve.guard import Hold, Ticket, error_outgoing
@@ -32,14 +33,7 @@ from edgeinfer.bridge.serve.replies import (
     epoch_ms,
     success_head,
 )
-from edgeinfer.bridge.serve.serving import (
-    ModelTable,
-    ServedModel,
-    StreamTable,
-    kind_of,
-    run_deadline_s,
-    run_request,
-)
+from edgeinfer.bridge.serve.serving import StreamTable, kind_of, run_deadline_s, run_request
 from edgeinfer.bridge.serve.stats import ModelStats, percentiles
 from edgeinfer.bridge.wire import kinds
 from edgeinfer.bridge.wire import protocol as proto
