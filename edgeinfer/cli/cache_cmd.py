@@ -8,20 +8,25 @@ from typing import Annotated, Any
 
 import typer
 
-from edgeinfer.cli.common import console, print_json
+from edgeinfer.cli.common import JsonOut, aliased, console, deprecated, print_json
 
 __all__ = ["app", "clear", "stats"]
 
 app = typer.Typer(help="Inspect or empty a package's on-disk result cache.", no_args_is_help=True)
 
 PackageArg = Annotated[Path, typer.Argument(help="package folder")]
+# serve --cache-dir's spelling: the same folder.
 DirOption = Annotated[
     Path | None,
     typer.Option(
-        "--dir", help="cache folder (default: $EDGEINFER_CACHE_DIR or ~/.cache/edgeinfer)"
+        "--cache-dir", help="cache folder (default: $EDGEINFER_CACHE_DIR or ~/.cache/edgeinfer)"
     ),
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="print as JSON")]
+OldDirOption = Annotated[Path | None, deprecated("--dir", instead="--cache-dir")]
+
+
+def _folder(directory: Path | None, old: Path | None) -> Path | None:
+    return aliased(directory, old, default=None, names="--cache-dir / --dir")
 
 
 def _db_path(package: Path, directory: Path | None) -> Path:
@@ -56,10 +61,13 @@ def _stats(path: Path) -> dict[str, Any]:
 
 @app.command("stats")
 def stats(
-    package: PackageArg, directory: DirOption = None, json_output: JsonOption = False
+    package: PackageArg,
+    directory: DirOption = None,
+    json_output: JsonOut = False,
+    old_directory: OldDirOption = None,
 ) -> None:
     """Show how many results the package's cache holds and how much space they take."""
-    info = _stats(_db_path(package, directory))
+    info = _stats(_db_path(package, _folder(directory, old_directory)))
     if json_output:
         print_json(info)
         return
@@ -74,12 +82,15 @@ def stats(
 
 @app.command("clear")
 def clear(
-    package: PackageArg, directory: DirOption = None, json_output: JsonOption = False
+    package: PackageArg,
+    directory: DirOption = None,
+    json_output: JsonOut = False,
+    old_directory: OldDirOption = None,
 ) -> None:
     """Delete every cached result of the package (the file stays, empty)."""
     from edgeinfer.runtime.cache.stores import SqliteStore
 
-    path = _db_path(package, directory)
+    path = _db_path(package, _folder(directory, old_directory))
     removed = 0
     if path.exists():
         store = SqliteStore(path, capacity_bytes=2**62, ttl_s=None)

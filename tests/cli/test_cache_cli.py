@@ -20,7 +20,7 @@ def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict[str, obje
 def test_cache_stats_and_clear(
     minilm_int8: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    where = ["--dir", str(tmp_path)]
+    where = ["--cache-dir", str(tmp_path)]
     empty = _json(capsys, ["cache", "stats", str(minilm_int8), *where, "--json"])
     assert empty["exists"] is False and not list(tmp_path.iterdir())  # stats creates nothing
     model = edgeinfer.load(minilm_int8, cache=edgeinfer.CacheConfig(directory=tmp_path))

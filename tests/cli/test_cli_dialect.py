@@ -25,7 +25,7 @@ BROKER_OPTIONS = {
 # Spellings that name one thing twice across commands: only ever as hidden aliases.
 OLD_SPELLINGS = {
     "--v311", "--device", "--chunk-kib", "--reply-cache-mb", "--max-payload-bytes",
-    "--kv-budget-mb", "--memory-budget-mb",
+    "--kv-budget-mb", "--memory-budget-mb", "--dir",
 }  # fmt: skip
 
 
@@ -59,6 +59,11 @@ def test_every_broker_command_takes_the_same_broker_tls_and_credential_options()
 def test_no_command_shows_an_old_spelling() -> None:
     shown = {name: sorted(_visible_options(c) & OLD_SPELLINGS) for name, c in _commands()}
     assert {name: found for name, found in shown.items() if found} == {}
+
+
+def test_every_command_that_reports_takes_json() -> None:
+    without = sorted(name for name, c in _commands() if "--json" not in _visible_options(c))
+    assert without == []
 
 
 @pytest.mark.parametrize(
@@ -131,7 +136,7 @@ def test_messages_into_a_pipe_do_not_wrap_on_a_long_path(
             "cache",
             "stats",
             str(fast_encoder),
-            "--dir",
+            "--cache-dir",
             str(deep),
         ],
         capture_output=True,
@@ -142,4 +147,3 @@ def test_messages_into_a_pipe_do_not_wrap_on_a_long_path(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("no result cache yet"), done.stderr
     assert str(deep) in lines[0]
-
