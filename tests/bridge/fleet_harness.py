@@ -114,6 +114,7 @@ class Device:
     sent: int = 0
     answered: Counter[str] = field(default_factory=Counter)  # request id -> replies
     errors: int = 0
+    error_codes: Counter[str] = field(default_factory=Counter)
 
     def start(self) -> Device:
         """Start (or restart) the bridge on its deploy folder."""
@@ -167,7 +168,9 @@ class Device:
                 self.errors += 1
                 continue
             self.answered[str(reply.get("id", request_id))] += 1
-            self.errors += int(not reply.get("ok"))
+            if not reply.get("ok"):
+                self.errors += 1
+                self.error_codes[str((reply.get("error") or {}).get("code"))] += 1
 
 
 class Traffic:
@@ -205,8 +208,9 @@ def summary(devices: list[Device]) -> dict[str, Any]:
     """Sent, answered and answered-twice (a second reply the client dropped) over the fleet."""
     answered = sum(len(d.answered) for d in devices)
     twice = sum(d.client.duplicate_replies for d in devices if d.client is not None)
+    codes: Counter[str] = sum((d.error_codes for d in devices), Counter())
     return {"sent": sum(d.sent for d in devices), "answered": answered, "twice": twice,
-            "errors": sum(d.errors for d in devices)}  # fmt: skip
+            "errors": sum(d.errors for d in devices), "error_codes": dict(codes)}  # fmt: skip
 
 
 def state_file(device: Device) -> dict[str, Any]:

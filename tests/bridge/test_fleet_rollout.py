@@ -159,8 +159,8 @@ def _wait_rows(fleet: Fleet, done: int) -> None:
     while time.monotonic() < give_up:
         progress = Progress(fleet.state_dir)
         try:
+            recorded = progress.rollout(NAME)  # first: the rows read next are this rollout's
             rows = progress.devices(NAME)
-            recorded = progress.rollout(NAME)
         finally:
             progress.close()
         current = recorded is not None and recorded["package"] == str(fleet.packages.good)
