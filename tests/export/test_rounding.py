@@ -103,6 +103,8 @@ def test_gptq_lowers_each_layers_error_and_keeps_scales_and_biases(tmp_path: Pat
     assert not any(n.startswith("b") for n in changed)  # int32 biases: their scales are kept
     for name in changed:  # within the layer's range
         assert before[name].min() <= after[name].min() and after[name].max() <= before[name].max()
+    producers = {o: n.op_type for n in onnx.load(str(out)).graph.node for o in n.output}
+    assert producers["logits"] == "Gemm"  # the output is left in float
     # inputs the rounding never saw come out closer to fp32
     assert _error(out, fp32, held) < _error(nearest, fp32, held)
 

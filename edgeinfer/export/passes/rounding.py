@@ -10,7 +10,8 @@ bounds each weight's own error.
 It rewrites the int8 weights of a graph onnxruntime's quantizer made and keeps everything else
 as it was: the per-channel scales (so the int32 biases, quantized with them, stay exact), the
 activations' ranges and the integer range each layer used (127, or 64 where the AVX2 preset
-asked for 7-bit weights). The graph runs on the same kernels at the same speed.
+asked for 7-bit weights). The graph runs on the same kernels at the same speed, except that its
+outputs are left in float (``_float_outputs``).
 
 1. **Statistics.** One pass of the quantized graph over the calibration feeds, each layer's
    input exposed as it really reads it (dequantized, with every rounding before it): for a
@@ -111,11 +112,33 @@ def round_weights(
                 error=_output_error(w, q, scale, h),
             )
         )
+    _float_outputs(model)
     from edgeinfer.export import package
 
     package.save_graph(model, out_path)
     log.info("re-rounded the weights of %d layers", len(done))
     return done
+
+
+def _float_outputs(model: Any) -> None:
+    """The graph's outputs read their producer's float result: the QuantizeLinear /
+    DequantizeLinear pair onnxruntime puts on each output goes. With re-rounded weights the
+    8-bit rounding of MobileNetV2's logits took the whole gain back (gate 92.8 % -> 87.5 %)."""
+    graph = model.graph
+    producer = {out: n for n in graph.node for out in n.output}
+    for output in graph.output:
+        dq = producer.get(output.name)
+        q = (
+            producer.get(dq.input[0])
+            if dq is not None and dq.op_type == "DequantizeLinear"
+            else None
+        )
+        if q is None or q.op_type != "QuantizeLinear" or q.input[0] not in producer:
+            continue
+        source = producer[q.input[0]]
+        source.output[list(source.output).index(q.input[0])] = output.name
+        graph.node.remove(dq)
+        graph.node.remove(q)
 
 
 def _attributes(node: Any) -> dict[str, Any]:
