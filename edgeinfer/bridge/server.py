@@ -12,7 +12,7 @@ Example::
     from edgeinfer.bridge import BridgeConfig, Connection, ServeSettings, serve
 
     bridge = BridgeConfig(connection=Connection(client_id="plc7"), device_id="plc7")
-    serve(["pkg/minilm-int8"], settings=ServeSettings(bridge=bridge))  # until SIGINT/SIGTERM
+    serve(["pkg/encoder-int8"], settings=ServeSettings(bridge=bridge))  # until SIGINT/SIGTERM
 """
 
 from __future__ import annotations
