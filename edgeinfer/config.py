@@ -252,13 +252,16 @@ class ContinuousBatchConfig:
         kv_budget_bytes: the KV cache all admitted sequences may need together (each needs
             prompt + max_new_tokens positions); a sequence waits until it fits. ``None``: no
             budget beyond ``max_sequences``.
-        prefill_chunk_tokens: a newcomer's prompt runs this many tokens between two decode
-            steps of the others; 64 keeps their inter-token gap within ~2 steps' time.
+        prefill_chunk_tokens: the bounded step: a newcomer's prompt runs at most this many
+            tokens between two decode steps of the others (chunks end at its multiples, so a
+            prompt runs alike whatever the load). 32: with 4 streams and ~240-token prompts
+            their inter-token p99 is a quarter of a whole-prompt step's, with the TTFT of 64;
+            8 or 16 gain no tail and double the TTFT (benchmarks/step_budget.py).
     """
 
     max_sequences: int | None = None
     kv_budget_bytes: int | None = None
-    prefill_chunk_tokens: int = 64
+    prefill_chunk_tokens: int = 32
 
     def __post_init__(self) -> None:
         if self.max_sequences is not None and not 1 <= self.max_sequences <= 256:
