@@ -43,7 +43,8 @@ class DeviceView:
         availability: ``online``/``offline`` or ``None`` (no availability topic).
         models: served name -> digest, version, signer, previous digest and version, task.
         compatible: the classes it takes releases for.
-        deploy: its last deploy status (``state``, ``reason``, ``deploy_id``, ...) or ``{}``.
+        deploy: its last deploy step (``state``, ``reason``, ``deploy_id``, ...) or ``{}``;
+            refusals are left out: they change nothing on the device.
         metrics: its last metrics message (``counts``, latency), ``{}`` when none came.
         last_seen_ms: when this watch last heard from it (epoch ms).
     """
@@ -136,6 +137,8 @@ class FleetWatch:
             return  # not a device's message
         if what != "availability" and not isinstance(value, dict):
             return
+        if what == "ota" and value.get("state") == "refused":
+            return  # a message the device would not take: nothing changed there (not retained)
         with self._cond:
             seen = self._seen.setdefault(device, _Seen())
             setattr(seen, what, value)
