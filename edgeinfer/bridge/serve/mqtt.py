@@ -36,7 +36,7 @@ from edgeinfer.bridge.connection import connect_async, new_paho_client
 from edgeinfer.bridge.models import ModelTable, ServedModel, is_topic_level
 from edgeinfer.bridge.ota.deploy import Deployer
 from edgeinfer.bridge.ota.deploy_config import DeployConfig
-from edgeinfer.bridge.serve import intake
+from edgeinfer.bridge.serve import intake, presence
 from edgeinfer.bridge.serve.delivery import Delivery
 from edgeinfer.bridge.serve.homeassistant import AvailabilityLink, Discovery
 from edgeinfer.bridge.serve.journal import Inbound, Journal
@@ -44,7 +44,6 @@ from edgeinfer.bridge.serve.outbox import Outbox
 from edgeinfer.bridge.serve.serving import StreamTable
 from edgeinfer.bridge.serve.settings import BridgeConfig, default_client_id
 from edgeinfer.bridge.serve.worker import Outgoing, Worker, epoch_ms
-from edgeinfer.bridge.wire import protocol as proto
 from edgeinfer.errors import BrokerAuthError, BrokerUnavailableError, ConfigError
 
 if TYPE_CHECKING:
@@ -137,7 +136,8 @@ class Bridge:
         )
         self._client: PahoClient = new_paho_client(config.session)
         self._outbox = Outbox(self._client, config, self.delivery)
-        self._client.will_set(config.status_topic, self._offline(), qos=1, retain=True)
+        offline = presence.offline(config.connection.client_id, self.deployer)
+        self._client.will_set(config.status_topic, offline, qos=1, retain=True)
         self._client.max_inflight_messages_set(max(20, config.max_queue))
         self._client.manual_ack_set(True)  # _on_message acknowledges, once a request is recorded
         self._client.on_publish = self._on_publish
@@ -209,9 +209,8 @@ class Bridge:
         if self._availability is not None:
             self._availability.stop(timeout_s=timeout_s)
         if self._state.connected.is_set():
-            info = self._outbox.publish(
-                self.config.status_topic, self._offline(), qos=1, retain=True
-            )
+            offline = presence.offline(self.config.connection.client_id, self.deployer)
+            info = self._outbox.publish(self.config.status_topic, offline, qos=1, retain=True)
             try:
                 info.wait_for_publish(timeout_s)
             except (RuntimeError, ValueError):  # the link dropped meanwhile: the Will says it
@@ -248,39 +247,9 @@ class Bridge:
         """QoS 1 publishes the broker refused so far (each topic's first one is logged)."""
         return self._outbox.refusals
 
-    def _offline(self) -> bytes:
-        """The offline status (the Last Will's too): the status's fields, serving nothing,
-        so that every template reading the status still finds them, and the classes, so that
-        a fleet rollout still finds the device."""
-        offline = {
-            "v": proto.PROTOCOL_VERSION,
-            "state": "offline",
-            "client_id": self.config.connection.client_id,
-            "models": {},
-            "compatible": self._compatible(),
-        }
-        return json.dumps(offline).encode()
-
-    def _compatible(self) -> list[str]:
-        return [] if self.deployer is None else list(self.deployer.config.compatible)
-
     def status(self) -> dict[str, Any]:
         """The retained status: ``online`` and each served model's digest and signer."""
-        if self.deployer is not None:
-            models = self.deployer.served()
-        else:  # the keys of a deploying bridge's status, with nothing deployed yet
-            unsigned = {"signer": None, "version": None, "previous": None, "previous_version": None}
-            models = {
-                name: {"digest": str(m.manifest.digest), "task": m.task, **unsigned}
-                for name, m in self.models.items()
-            }
-        return {
-            "v": proto.PROTOCOL_VERSION,
-            "state": "online",
-            "client_id": self.config.connection.client_id,
-            "models": models,
-            "compatible": self._compatible(),
-        }
+        return presence.online(self.config.connection.client_id, self.models, self.deployer)
 
     # -- paho callbacks (network thread: no model work here) ----------------------------------
     def _on_connect(
