@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import edgeinfer
+from edgeinfer.export.onnx_file.builder import MIN_INT8_SHARE
 from edgeinfer.export.options import ExportOptions
 from edgeinfer.export.run import export
 
@@ -64,7 +65,11 @@ def test_silero_vad_finds_speech_in_int8_as_in_fp32(speech: Path, tmp_path: Path
                              eval_data=eval_data, force_quantize=True))  # fmt: skip
         packages[quantize or "recipe"] = out
     manifest = json.loads((packages["recipe"] / "manifest.json").read_text())
-    assert manifest["precision"] == "int8" and manifest["io"]["kind"] == "raw"
+    # dynamic int8 quantizes the LSTM's and the decoder's products, not the convolutions: the
+    # package says which by its share of the multiply-accumulates run in int8
+    share = manifest["quantization"]["int8_mac_share"]
+    assert manifest["precision"] == ("int8" if share >= MIN_INT8_SHARE else "mixed")
+    assert manifest["io"]["kind"] == "raw"
     assert manifest["io"]["state"][0]["shape"] == [2, 1, 128]
     assert manifest["accuracy"]["value"]["passed"]
     truth = np.load(speech / "speech_mask.npy")

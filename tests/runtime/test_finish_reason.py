@@ -59,33 +59,14 @@ def _sequence(gen: Generator, clock: _Clock, *, max_new_tokens: int) -> Sequence
 
 @pytest.mark.parametrize(("passes_at", "reason"), [(8, "length"), (5, "deadline")])
 def test_a_deadline_passing_at_the_last_token_is_a_length_stop(
-    tiny: Generator, tiny_package: Path, passes_at: int, reason: str
+    gen: Generator, passes_at: int, reason: str
 ) -> None:
     """The deadline passes right at the 8th and last token: the generation stopped at
-    max_new_tokens (``length``); passing at the 5th, it is the deadline that stopped it."""
-    seq = _sequence(tiny, _Clock(deadline=100.0, at=passes_at), max_new_tokens=8)
-    for token in tiny.tokens(seq.ids, max_new_tokens=8, sampling=SamplingConfig()):
-        seq.accept(token)
-        if seq.done:
-            break
-    assert (seq.state.finish, len(seq.generated)) == (reason, min(passes_at, 8))
-    assert seq.close(tiny.decode).finish_reason == reason
-
-    batched = Generator(
-        tiny_package,
-        Manifest.read(tiny_package),
-        config=RuntimeConfig(threads=1),
-        context_length=128,
-        batching=ContinuousBatchConfig(max_sequences=2),
-    )
-    try:
-        assert batched.engine is not None
-        seq = batched.engine.add(
-            _sequence(batched, _Clock(deadline=100.0, at=passes_at), max_new_tokens=8)
-        )
-        chunks = list(seq.chunks())
-    finally:
-        batched.close()
+    max_new_tokens (``length``); passing at the 5th, it is the deadline that stopped it. The
+    same on the default load (an engine of one slot) and with continuous batching, and only
+    the last chunk says it."""
+    seq = gen.engine.add(_sequence(gen, _Clock(deadline=100.0, at=passes_at), max_new_tokens=8))
+    chunks = list(seq.chunks())
     assert [c.finish_reason for c in chunks] == [None] * (len(chunks) - 1) + [reason]
     assert sum(len(c.token_ids) for c in chunks) == min(passes_at, 8)
 

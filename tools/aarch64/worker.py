@@ -2,7 +2,8 @@
 
 tools/check_aarch64.sh runs this file twice per package, with the same arguments: in this
 machine's interpreter and in the emulated aarch64 one (which has only the lean wheel set:
-numpy, onnxruntime, tokenizers, edgeinfer). It uses nothing but the public runtime API.
+numpy, onnxruntime, tokenizers, edgeinfer). It uses the public runtime API, and the decoder
+graph step by step for the greedy margins.
 """
 
 from __future__ import annotations
@@ -32,16 +33,22 @@ def greedy_margins(package: str, prompt: str, *, threads: int) -> list[float]:
     from edgeinfer.config import RuntimeConfig
     from edgeinfer.manifest import Manifest
     from edgeinfer.runtime.generate import Generator
+    from edgeinfer.runtime.generate.decoding import Decoder
 
     config = RuntimeConfig(threads=threads)
-    generator = Generator(Path(package), Manifest.read(package), config=config)
-    ids = generator.encode(prompt)
-    logits = np.array(generator.prefill(ids))  # [V]
+    manifest = Manifest.read(package)
+    generator = Generator(Path(package), manifest, config=config)
+    try:
+        ids = generator.encode(prompt)
+    finally:
+        generator.close()
+    decoder = Decoder(Path(package), manifest, config=config)  # the graph, step by step
+    logits = np.array(decoder.prefill(ids))  # [V]
     margins = []
     for step in range(NEW_TOKENS):
         top2 = np.partition(logits, -2)[-2:]
         margins.append(float(top2[1] - top2[0]))
-        logits = np.array(generator.decode_one_token(int(np.argmax(logits)), len(ids) + step))
+        logits = np.array(decoder.decode_one_token(int(np.argmax(logits)), len(ids) + step))
     return margins
 
 
