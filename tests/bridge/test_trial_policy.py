@@ -66,6 +66,33 @@ class _Repeated:
         return self.model.embed_with_info(texts, truncate=truncate)
 
 
+class _ThreadClock:
+    """Seconds that pass on a thread only when a ``_Costly`` model's call spends them: the
+    trial's latencies become what the test says, whatever the machine's load."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def __call__(self) -> float:
+        return float(getattr(self._local, "now", 0.0))
+
+    def spend(self, seconds: float) -> None:
+        self._local.now = self() + seconds
+
+
+class _Costly:
+    """A real model whose every answer takes ``ms`` on ``clock`` (its real compute, nothing)."""
+
+    def __init__(self, model: Any, ms: float, clock: _ThreadClock) -> None:
+        self.model, self.ms, self.clock = model, ms, clock
+        self.task, self.manifest = model.task, model.manifest
+
+    def embed_with_info(self, texts: list[str], *, truncate: bool = True) -> Any:
+        answer = self.model.embed_with_info(texts, truncate=truncate)
+        self.clock.spend(self.ms / 1e3)
+        return answer
+
+
 class _Failing(_Repeated):
     """A real model that fails requests with a ``PERTURBED`` word (a fake failure: a real
     package that fails on some inputs only would need a broken graph built for it)."""
@@ -76,7 +103,9 @@ class _Failing(_Repeated):
         return self.model.embed_with_info(texts, truncate=truncate)
 
 
-def _judge(new: Any, previous: Any, policy: TrialPolicy, requests: int) -> Verdict:
+def _judge(
+    new: Any, previous: Any, policy: TrialPolicy, requests: int, *, timer: Any = None
+) -> Verdict:
     judged = threading.Event()
     seen: list[Verdict] = []
 
@@ -84,7 +113,8 @@ def _judge(new: Any, previous: Any, policy: TrialPolicy, requests: int) -> Verdi
         seen.append(verdict)
         judged.set()
 
-    trial = TrialModel(new, previous, policy=policy, on_verdict=on_verdict)
+    timed = {} if timer is None else {"timer_s": timer}
+    trial = TrialModel(new, previous, policy=policy, on_verdict=on_verdict, **timed)
     rng = random.Random(3)
     try:
         for _ in range(requests):
@@ -126,8 +156,12 @@ def test_answers_elsewhere_fail_on_agreement(models: dict[str, Any]) -> None:
 
 def test_a_package_four_times_slower_fails_on_latency(models: dict[str, Any]) -> None:
     # Enough requests for the p99 to be judged (100 compared); the answers agree.
+    # Each call's time is the test's (4 ms against 1 ms), not this machine's: a loaded CI
+    # worker's stalls made the previous package's p99 the larger one.
     policy = TrialPolicy(**{**POLICY.as_dict(), "min_requests": 10_000, "max_p99_ratio": 1.5})
-    verdict = _judge(_Repeated(models["good"], 8), models["origin"], policy, 10_000)
+    clock = _ThreadClock()
+    slow, quick = _Costly(models["good"], 4.0, clock), _Costly(models["origin"], 1.0, clock)
+    verdict = _judge(slow, quick, policy, 10_000, timer=clock)
     assert verdict.reason == "trial_latency", verdict
     assert verdict.p99_new_ms is not None and verdict.p99_old_ms is not None
     assert verdict.p99_new_ms > 1.5 * verdict.p99_old_ms

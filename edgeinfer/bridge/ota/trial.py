@@ -97,6 +97,7 @@ class TrialModel:
     """Serve ``new`` in a trial against ``previous`` with ``policy``; ``on_verdict`` once.
 
     Other attributes (``task``, ``manifest``, a generator's ``stream``) are the new model's.
+    ``clock_s`` times the window; ``timer_s`` each call of either package (their latencies).
     """
 
     def __init__(
@@ -107,9 +108,10 @@ class TrialModel:
         policy: TrialPolicy,
         on_verdict: Callable[[TrialModel, Verdict], None],
         clock_s: Callable[[], float] = time.monotonic,
+        timer_s: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.new, self.previous, self.policy = new, previous, policy
-        self._on_verdict, self._clock = on_verdict, clock_s
+        self._on_verdict, self._clock, self._timer = on_verdict, clock_s, timer_s
         self._started = clock_s()
         self._seen = _Evidence()
         self._lock = threading.Lock()
@@ -145,7 +147,7 @@ class TrialModel:
 
     # -- the serving threads ----------------------------------------------------------------
     def _serve(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        t0 = time.perf_counter()
+        t0 = self._timer()
         try:
             answer = getattr(self.new, method)(*args, **kwargs)
         except InputError:
@@ -155,7 +157,7 @@ class TrialModel:
                 self._seen.requests += 1
                 self._seen.errors += 1
             raise
-        took_s = time.perf_counter() - t0
+        took_s = self._timer() - t0
         with self._lock:
             seen = self._seen
             seen.requests += 1
@@ -192,13 +194,13 @@ class TrialModel:
     def _compare(
         self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], new: Any, new_ms: float
     ) -> None:
-        t0 = time.perf_counter()
+        t0 = self._timer()
         try:
             old = getattr(self.previous, method)(*args, **kwargs)
         except Exception as exc:  # the previous package cannot answer it: nothing to compare
             log.debug("the previous package failed a shadowed request: %s", exc)
             return
-        took_s = time.perf_counter() - t0
+        took_s = self._timer() - t0
         same = agree(method, new, old, self.policy)
         with self._lock:
             seen = self._seen
