@@ -1,21 +1,17 @@
-"""What every subcommand shares: error-to-exit-code mapping, JSON output, the stderr console,
-sizes (``64KiB``, ``8MiB``, plain bytes), deprecated spellings, and the option groups of the
-commands that reach a broker (serve, request, deploy, rollback, fleet): broker, TLS,
-credentials, output. The same thing has the same flag on every command."""
+"""What every subcommand shares: error-to-exit-code mapping, JSON output (``--json``), the
+stderr console, sizes (``64KiB``, ``8MiB``, plain bytes) and deprecated spellings. The option
+groups of the commands that reach a broker are in ``broker_options.py``. The same thing has the
+same flag on every command."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import logging
 import os
 import re
 import sys
-from collections.abc import Mapping
-from enum import Enum
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -29,32 +25,12 @@ from edgeinfer.errors import (
     SlowerQuantizationError,
 )
 
-if TYPE_CHECKING:
-    from edgeinfer.bridge.connection import Connection
-
 __all__ = [
-    "CONNECT_TIMEOUT_S",
-    "DEFAULT_BROKER",
     "EXIT_CHECK_FAILED",
     "EXIT_OK",
     "EXIT_USAGE",
-    "Broker",
-    "ClientId",
-    "ConnectTimeout",
-    "DeviceId",
     "JsonOut",
-    "MqttPassword",
-    "MqttPasswordFile",
-    "MqttProtocol",
-    "MqttUsername",
-    "Protocol",
-    "TlsCa",
-    "TlsCert",
-    "TlsKey",
-    "TopicPrefix",
     "aliased",
-    "broker_connection",
-    "broker_password",
     "console",
     "debugging",
     "deprecated",
@@ -64,10 +40,7 @@ __all__ = [
     "size_option",
 ]
 
-log = logging.getLogger(__name__)
-
-# The help's option groups (typer panels), the same on every command.
-_BROKER, _TLS, _CREDENTIALS, _OUTPUT = "Broker", "TLS", "Credentials", "Output"
+_OUTPUT = "Output"  # the help's panel of --json, the same on every command
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
@@ -82,72 +55,6 @@ _AUTH_HINT = (
     "; check --username and --password-file (or EDGEINFER_MQTT_USERNAME and "
     "EDGEINFER_MQTT_PASSWORD / EDGEINFER_MQTT_PASSWORD_FILE)"
 )
-
-
-def _warn_on_command_line(
-    ctx: typer.Context, param: typer.CallbackParam, value: str | None
-) -> str | None:
-    """``--password``'s callback: a command line is readable by every user of the machine
-    (``ps``, ``/proc/PID/cmdline``), the environment and a file are not."""
-    source = ctx.get_parameter_source(param.name or "")
-    if value is not None and source is not None and source.name == "COMMANDLINE":
-        log.warning(
-            "--password on the command line is visible to every user of this machine (ps, "
-            "/proc/PID/cmdline); use --password-file FILE or EDGEINFER_MQTT_PASSWORD instead"
-        )
-    return value
-
-
-MqttUsername = Annotated[
-    str | None,
-    typer.Option(
-        "--username",
-        envvar="EDGEINFER_MQTT_USERNAME",
-        help="broker user",
-        rich_help_panel=_CREDENTIALS,
-    ),
-]
-MqttPassword = Annotated[
-    str | None,
-    typer.Option(
-        "--password",
-        envvar="EDGEINFER_MQTT_PASSWORD",
-        show_default=False,
-        callback=_warn_on_command_line,
-        help="broker password; prefer EDGEINFER_MQTT_PASSWORD or --password-file (a command "
-        "line is visible to every user of the machine)",
-        rich_help_panel=_CREDENTIALS,
-    ),
-]
-MqttPasswordFile = Annotated[
-    Path | None,
-    typer.Option(
-        "--password-file",
-        envvar="EDGEINFER_MQTT_PASSWORD_FILE",
-        help="a file whose first line is the broker password (mode 0600)",
-        rich_help_panel=_CREDENTIALS,
-    ),
-]
-
-
-def broker_password(*, password: str | None, password_file: Path | None) -> str | None:
-    """The broker password: ``--password`` (or ``EDGEINFER_MQTT_PASSWORD``), else the first
-    line of ``--password-file``; both at once is a ``ConfigError`` (which one was meant?)."""
-    if password_file is None:
-        return password
-    if password is not None:
-        raise ConfigError(
-            "the broker password came twice (--password or EDGEINFER_MQTT_PASSWORD, and "
-            "--password-file); give one"
-        )
-    try:
-        text = password_file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read the password file {password_file}: {exc}") from exc
-    secret = text.split("\n", 1)[0].removesuffix("\r")
-    if not secret:
-        raise ConfigError(f"{password_file} is empty; write the broker password on its first line")
-    return secret
 
 
 def print_json(data: Any) -> None:
@@ -247,105 +154,8 @@ def aliased(value: T, old: T | None, *, default: T, names: str) -> T:
     return old
 
 
-# -- the option groups of every command that reaches a broker ----------------------------------
-DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
-CONNECT_TIMEOUT_S = 10.0  # a broker on the LAN answers in milliseconds; 10 s covers a slow TLS
-
-
-class MqttProtocol(str, Enum):
-    """The MQTT version a command speaks (``--protocol``)."""
-
-    v5 = "5"
-    v311 = "3.1.1"
-
-
-Broker = Annotated[
-    str,
-    typer.Option(
-        "--broker", help="mqtt://HOST:PORT, or mqtts://HOST:PORT for TLS", rich_help_panel=_BROKER
-    ),
-]
-DeviceId = Annotated[
-    str | None,
-    typer.Option(
-        "--device-id",
-        help="the device's topic level (its bridge's --device-id; default: the host name)",
-        rich_help_panel=_BROKER,
-    ),
-]
-TopicPrefix = Annotated[
-    str, typer.Option("--topic-prefix", help="first topic level", rich_help_panel=_BROKER)
-]
-ClientId = Annotated[
-    str | None,
-    typer.Option(
-        "--client-id",
-        help="MQTT client id; names the persistent session (default: made from the host)",
-        rich_help_panel=_BROKER,
-    ),
-]
-Protocol = Annotated[
-    MqttProtocol, typer.Option("--protocol", help="MQTT version", rich_help_panel=_BROKER)
-]
-# One connect timeout for every command that reaches a broker: a dead broker fails the command
-# within it (``broker_unavailable``, exit 2) instead of after the command's whole wait.
-ConnectTimeout = Annotated[
-    float,
-    typer.Option(
-        "--connect-timeout-s",
-        help="seconds to wait for the broker connection before giving up",
-        rich_help_panel=_BROKER,
-    ),
-]
-TlsCa = Annotated[
-    Path | None,
-    typer.Option("--tls-ca", help="CA file that signed the broker", rich_help_panel=_TLS),
-]
-TlsCert = Annotated[
-    Path | None,
-    typer.Option("--tls-cert", help="client certificate (with --tls-key)", rich_help_panel=_TLS),
-]
-TlsKey = Annotated[
-    Path | None,
-    typer.Option("--tls-key", help="client certificate's key", rich_help_panel=_TLS),
-]
+# -- the option group of every command that prints a result ----------------------------------
 JsonOut = Annotated[
     bool,
     typer.Option("--json", help="print the result as JSON on stdout", rich_help_panel=_OUTPUT),
 ]
-
-
-def broker_connection(
-    options: Mapping[str, Any],
-    *,
-    client_id: str,
-    protocol: MqttProtocol | None = None,
-    session_expiry_s: int | None = None,
-) -> Connection:
-    """The ``Connection`` a command's broker, TLS and credential options describe.
-
-    Args:
-        options: the command's parameters by name (``ctx.params``): ``broker``, ``protocol``,
-            ``username``, ``password``, ``password_file``, ``tls_ca``, ``tls_cert``,
-            ``tls_key`` as the option groups above declare them.
-        client_id: the command's client id (``--client-id`` or one made for the command).
-        protocol: instead of ``options["protocol"]`` (a deprecated spelling was resolved).
-        session_expiry_s: how long the broker keeps the session (``None``: the default).
-    """
-    from edgeinfer.bridge.connection import Connection
-
-    connection = Connection(
-        broker=options["broker"],
-        client_id=client_id,
-        protocol=(protocol or options["protocol"]).value,
-        username=options["username"],
-        password=broker_password(
-            password=options["password"], password_file=options["password_file"]
-        ),
-        tls_ca=options["tls_ca"],
-        tls_cert=options["tls_cert"],
-        tls_key=options["tls_key"],
-    )
-    if session_expiry_s is None:
-        return connection
-    return dataclasses.replace(connection, session_expiry_s=session_expiry_s)

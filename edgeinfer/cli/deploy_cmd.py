@@ -17,25 +17,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from edgeinfer.cli.broker_options import BrokerOptions, broker_options
 from edgeinfer.cli.common import (
-    CONNECT_TIMEOUT_S,
-    DEFAULT_BROKER,
     EXIT_CHECK_FAILED,
-    Broker,
-    ClientId,
-    ConnectTimeout,
     JsonOut,
-    MqttPassword,
-    MqttPasswordFile,
-    MqttProtocol,
-    MqttUsername,
-    Protocol,
-    TlsCa,
-    TlsCert,
-    TlsKey,
-    TopicPrefix,
     aliased,
-    broker_connection,
     console,
     deprecated,
     print_json,
@@ -47,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["deploy", "rollback"]
 
-# Required here (a deploy goes to one named device), so not common.DeviceId's default.
+# Required here (a deploy goes to one named device), so not broker_options.DeviceId.
 Device = Annotated[
     str,
     typer.Option(
@@ -60,10 +46,10 @@ Timeout = Annotated[float, typer.Option(help="seconds to wait for the device's f
 DEFAULT_CHUNK_BYTES = 256 << 10  # a few chunks per MiB: a resend after a broken link is cheap
 
 
-def _connection(ctx: typer.Context, client_id: str | None, device_id: str) -> Connection:
+def _connection(mqtt: BrokerOptions, device_id: str) -> Connection:
     # Stable per device: a re-run resumes the same persistent session (queued chunks kept).
     made = f"edgeinfer-deploy-{socket.gethostname()}-{device_id}"[:128]
-    return broker_connection(ctx.params, client_id=client_id or made, session_expiry_s=600)
+    return mqtt.connection(default_client_id=made, session_expiry_s=600)
 
 
 def _report(outcome: Any, json_out: bool) -> None:
@@ -89,29 +75,20 @@ def _report(outcome: Any, json_out: bool) -> None:
     raise typer.Exit(EXIT_CHECK_FAILED)
 
 
+@broker_options()
 def deploy(
-    ctx: typer.Context,
     package: Annotated[Path, typer.Argument(help="a signed package folder")],
     device_id: Device,
-    broker: Broker = DEFAULT_BROKER,
+    *,
+    mqtt: BrokerOptions,
     as_name: Annotated[
         str | None,
         typer.Option("--as", help="serve it under this name (default: the signed name)"),
     ] = None,
-    topic_prefix: TopicPrefix = "edgeinfer",
     chunk_size: Annotated[int, size_option("--chunk-size", help="bytes per chunk")] = (
         DEFAULT_CHUNK_BYTES
     ),
-    client_id: ClientId = None,
-    protocol: Protocol = MqttProtocol.v5,
-    username: MqttUsername = None,
-    password: MqttPassword = None,
-    password_file: MqttPasswordFile = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
     timeout_s: Timeout = 600.0,
-    connect_timeout_s: ConnectTimeout = CONNECT_TIMEOUT_S,
     json_out: JsonOut = False,
     chunk_kib: Annotated[int | None, deprecated("--chunk-kib", instead="--chunk-size 256KiB")] = (
         None
@@ -126,26 +103,27 @@ def deploy(
         default=DEFAULT_CHUNK_BYTES,
         names="--chunk-size / --chunk-kib",
     )
-    connection = _connection(ctx, client_id, device_id)
+    connection = _connection(mqtt, device_id)
     outcome = deploy_package(
         package,
         connection=connection,
         device_id=device_id,
-        topic_prefix=topic_prefix,
+        topic_prefix=mqtt.topic_prefix,
         name=as_name,
         chunk_bytes=chunk_bytes,
         timeout_s=timeout_s,
-        connect_timeout_s=connect_timeout_s,
+        connect_timeout_s=mqtt.connect_timeout_s,
     )
     _report(outcome, json_out)
 
 
+@broker_options()
 def rollback(
-    ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="the served name to roll back")],
     device_id: Device,
     key: Annotated[Path, typer.Option(help="private key that signs the rollback order")],
-    broker: Broker = DEFAULT_BROKER,
+    *,
+    mqtt: BrokerOptions,
     to_digest: Annotated[
         str | None,
         typer.Option(help="the package to go back to (default: the device's 'previous')"),
@@ -155,33 +133,23 @@ def rollback(
         float,
         typer.Option(help="the device refuses the order after this long (900: it is sent at once)"),
     ] = 900.0,
-    topic_prefix: TopicPrefix = "edgeinfer",
-    client_id: ClientId = None,
-    protocol: Protocol = MqttProtocol.v5,
-    username: MqttUsername = None,
-    password: MqttPassword = None,
-    password_file: MqttPasswordFile = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
     timeout_s: Timeout = 300.0,
-    connect_timeout_s: ConnectTimeout = CONNECT_TIMEOUT_S,
     json_out: JsonOut = False,
 ) -> None:
     """Make a device serve NAME's previous package again (a signed order)."""
     from edgeinfer.bridge import rollback_package
 
-    connection = _connection(ctx, client_id, device_id)
+    connection = _connection(mqtt, device_id)
     outcome = rollback_package(
         name,
         connection=connection,
         device_id=device_id,
         key=key,
-        topic_prefix=topic_prefix,
+        topic_prefix=mqtt.topic_prefix,
         to_digest=to_digest,
         to_version=to_version,
         expires_in_s=expires_in_s,
         timeout_s=timeout_s,
-        connect_timeout_s=connect_timeout_s,
+        connect_timeout_s=mqtt.connect_timeout_s,
     )
     _report(outcome, json_out)

@@ -18,64 +18,36 @@ from typing import Annotated, Any
 
 import typer
 
-from edgeinfer.cli.common import (
-    CONNECT_TIMEOUT_S,
-    DEFAULT_BROKER,
-    EXIT_CHECK_FAILED,
-    Broker,
-    ClientId,
-    ConnectTimeout,
-    JsonOut,
-    MqttPassword,
-    MqttPasswordFile,
-    MqttProtocol,
-    MqttUsername,
-    Protocol,
-    TlsCa,
-    TlsCert,
-    TlsKey,
-    TopicPrefix,
-    broker_connection,
-    console,
-    print_json,
-)
+from edgeinfer.cli.broker_options import BrokerOptions, broker_options
+from edgeinfer.cli.common import EXIT_CHECK_FAILED, JsonOut, console, print_json
 
 __all__ = ["app", "rollout"]
 
 app = typer.Typer(help="The fleet of devices, as the broker shows it.", no_args_is_help=True)
 
 
-def _connection(ctx: typer.Context, role: str, client_id: str | None) -> Any:
+def _connection(mqtt: BrokerOptions, role: str) -> Any:
     # One per run: a rollout's deploys add the device id to it (one session per device).
     made = f"edgeinfer-{role}-{socket.gethostname()}-{os.getpid()}"[:100]
-    return broker_connection(ctx.params, client_id=client_id or made)
+    return mqtt.connection(default_client_id=made)
 
 
 @app.command("status")
+@broker_options()
 def status(
-    ctx: typer.Context,
-    broker: Broker = DEFAULT_BROKER,
-    topic_prefix: TopicPrefix = "edgeinfer",
-    client_id: ClientId = None,
-    protocol: Protocol = MqttProtocol.v5,
-    username: MqttUsername = None,
-    password: MqttPassword = None,
-    password_file: MqttPasswordFile = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
+    *,
+    mqtt: BrokerOptions,
     wait_s: Annotated[float, typer.Option(help="seconds to collect retained statuses")] = 10.0,
-    connect_timeout_s: ConnectTimeout = CONNECT_TIMEOUT_S,
     json_out: JsonOut = False,
 ) -> None:
     """List every device: served packages, versions, signer, class, health, last seen."""
     from edgeinfer.bridge.fleet.inventory import fleet_status
 
     devices = fleet_status(
-        connection=_connection(ctx, "fleet", client_id),
-        topic_prefix=topic_prefix,
+        connection=_connection(mqtt, "fleet"),
+        topic_prefix=mqtt.topic_prefix,
         wait_s=wait_s,
-        connect_timeout_s=connect_timeout_s,
+        connect_timeout_s=mqtt.connect_timeout_s,
     )
     if json_out:
         print_json([d.as_dict() for d in devices])
@@ -93,8 +65,8 @@ def status(
     console.print(f"{len(devices)} device(s)")
 
 
+@broker_options()
 def rollout(
-    ctx: typer.Context,
     package: Annotated[Path, typer.Argument(help="a package signed as a release")],
     state_dir: Annotated[Path, typer.Option(help="where the rollout's progress is kept")],
     device_id: Annotated[
@@ -120,17 +92,8 @@ def rollout(
     offline_wait_s: Annotated[
         float, typer.Option(help="how long the end of the rollout waits for offline devices")
     ] = 300.0,
-    broker: Broker = DEFAULT_BROKER,
-    topic_prefix: TopicPrefix = "edgeinfer",
-    client_id: ClientId = None,
-    protocol: Protocol = MqttProtocol.v5,
-    username: MqttUsername = None,
-    password: MqttPassword = None,
-    password_file: MqttPasswordFile = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
-    connect_timeout_s: ConnectTimeout = CONNECT_TIMEOUT_S,
+    *,
+    mqtt: BrokerOptions,
     json_out: JsonOut = False,
 ) -> None:
     """Roll a signed release out to many devices in waves, with an abort rule."""
@@ -145,11 +108,11 @@ def rollout(
     )  # fmt: skip
     report = run_rollout(
         package,
-        connection=_connection(ctx, "rollout", client_id),
+        connection=_connection(mqtt, "rollout"),
         state_dir=state_dir,
         plan=plan,
-        topic_prefix=topic_prefix,
-        connect_timeout_s=connect_timeout_s,
+        topic_prefix=mqtt.topic_prefix,
+        connect_timeout_s=mqtt.connect_timeout_s,
         on_step=lambda d, step: console.print(f"{d}: {step}"),
     )
     if json_out:

@@ -18,29 +18,8 @@ from typing import Annotated, Any
 
 import typer
 
-from edgeinfer.cli.common import (
-    CONNECT_TIMEOUT_S,
-    DEFAULT_BROKER,
-    EXIT_CHECK_FAILED,
-    Broker,
-    ClientId,
-    ConnectTimeout,
-    DeviceId,
-    MqttPassword,
-    MqttPasswordFile,
-    MqttProtocol,
-    MqttUsername,
-    Protocol,
-    TlsCa,
-    TlsCert,
-    TlsKey,
-    TopicPrefix,
-    aliased,
-    broker_connection,
-    console,
-    deprecated,
-    print_json,
-)
+from edgeinfer.cli.broker_options import BrokerOptions, DeviceId, MqttProtocol, broker_options
+from edgeinfer.cli.common import EXIT_CHECK_FAILED, aliased, console, deprecated, print_json
 
 __all__ = ["request"]
 
@@ -88,8 +67,8 @@ def _summary(value: Any) -> Any:
     return [_summary(v) for v in value]
 
 
+@broker_options()
 def request(
-    ctx: typer.Context,
     model: Annotated[str, typer.Argument(help="the model's topic level (its package folder name)")],
     body: Annotated[
         str,
@@ -98,23 +77,14 @@ def request(
             'optional "id", "params", "timeout_ms" or "deadline_ms"'
         ),
     ],
-    broker: Broker = DEFAULT_BROKER,
     device_id: DeviceId = None,
-    topic_prefix: TopicPrefix = "edgeinfer",
-    client_id: ClientId = None,
-    protocol: Protocol = MqttProtocol.v5,
-    username: MqttUsername = None,
-    password: MqttPassword = None,
-    password_file: MqttPasswordFile = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
+    *,
+    mqtt: BrokerOptions,
     timeout_s: Annotated[
         float, typer.Option(help="seconds to wait for a reply before re-sending the same id")
     ] = 5.0,
     retries: Annotated[int, typer.Option(help="re-sends (same id) when no reply came")] = 2,
     backoff: Annotated[float, typer.Option(help="each wait is this many times the last")] = 2.0,
-    connect_timeout_s: ConnectTimeout = CONNECT_TIMEOUT_S,
     whole: Annotated[
         bool,
         typer.Option(
@@ -128,25 +98,24 @@ def request(
     from edgeinfer.errors import ConfigError
 
     data = _parse_body(body)
-    if timeout_s <= 0 or connect_timeout_s <= 0:
+    if timeout_s <= 0 or mqtt.connect_timeout_s <= 0:
         raise ConfigError("--timeout-s and --connect-timeout-s must be > 0")
     device = device_id or socket.gethostname().split(".")[0]
     protocol = aliased(
-        protocol,
+        mqtt.protocol,
         MqttProtocol.v311 if v311 else None,
         default=MqttProtocol.v5,
         names="--protocol / --v311",
     )
-    connection = broker_connection(
-        ctx.params,
-        client_id=client_id or f"edgeinfer-request-{socket.gethostname()}-{os.getpid()}"[:128],
+    connection = mqtt.connection(
+        default_client_id=f"edgeinfer-request-{socket.gethostname()}-{os.getpid()}"[:128],
         protocol=protocol,
         # Long enough to ride out a broker restart during one request; short, so one-shot
         # clients with per-process ids do not pile up sessions on the broker.
         session_expiry_s=60,
     )
-    client = Client(connection=connection, device_id=device, topic_prefix=topic_prefix)
-    with client.connect(timeout_s=connect_timeout_s):
+    client = Client(connection=connection, device_id=device, topic_prefix=mqtt.topic_prefix)
+    with client.connect(timeout_s=mqtt.connect_timeout_s):
         reply = client.request(
             model,
             text=data.get("text"),

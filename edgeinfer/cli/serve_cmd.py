@@ -16,27 +16,8 @@ from typing import Annotated, Any
 
 import typer
 
-from edgeinfer.cli.common import (
-    DEFAULT_BROKER,
-    Broker,
-    ClientId,
-    DeviceId,
-    JsonOut,
-    MqttPassword,
-    MqttPasswordFile,
-    MqttProtocol,
-    MqttUsername,
-    Protocol,
-    TlsCa,
-    TlsCert,
-    TlsKey,
-    TopicPrefix,
-    aliased,
-    broker_connection,
-    console,
-    deprecated,
-    size_option,
-)
+from edgeinfer.cli.broker_options import BrokerOptions, DeviceId, broker_options
+from edgeinfer.cli.common import JsonOut, aliased, console, deprecated, size_option
 from edgeinfer.config import DEFAULT_RUN_TIMEOUT_S
 
 __all__ = ["serve"]
@@ -46,28 +27,20 @@ _CACHE_REPLIES = 64 << 20  # the reply cache --cache turns on: ~40k MiniLM repli
 _DEPLOYS = "Deploys"
 
 
+@broker_options(connect_timeout=False)
 def serve(
-    ctx: typer.Context,
     packages: Annotated[list[Path], typer.Argument(help="package folders to serve")],
-    broker: Broker = DEFAULT_BROKER,
     device_id: DeviceId = None,
-    topic_prefix: TopicPrefix = "edgeinfer",
+    *,
+    mqtt: BrokerOptions,
     shared_group: Annotated[
         str | None, typer.Option(help="subscribe via $share/NAME/... to split load with peers")
     ] = None,
-    client_id: ClientId = None,
-    protocol: Protocol = MqttProtocol.v5,
     qos: Annotated[int, typer.Option(help="QoS of requests and replies (0 or 1)")] = 1,
     max_queue: Annotated[int, typer.Option(help="waiting requests; more get 'busy'")] = 64,
     max_payload: Annotated[
         int, size_option("--max-payload", help="larger requests get 'payload_too_large'")
     ] = DEFAULT_MAX_PAYLOAD_BYTES,
-    username: MqttUsername = None,
-    password: MqttPassword = None,
-    password_file: MqttPasswordFile = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
     metrics_interval_s: Annotated[
         float, typer.Option(help="seconds between metrics messages (0: none)")
     ] = 10.0,
@@ -250,11 +223,9 @@ def serve(
     )
     device = device_id or socket.gethostname().split(".")[0]
     bridge = BridgeConfig(
-        connection=broker_connection(
-            ctx.params, client_id=client_id or default_client_id(device, shared_group)
-        ),
+        connection=mqtt.connection(default_client_id=default_client_id(device, shared_group)),
         device_id=device,
-        topic_prefix=topic_prefix,
+        topic_prefix=mqtt.topic_prefix,
         shared_group=shared_group,
         qos=qos,
         max_queue=max_queue,

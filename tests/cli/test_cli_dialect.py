@@ -15,6 +15,7 @@ import typer
 from typer.main import get_command
 
 from edgeinfer.cli import app, main
+from edgeinfer.cli.broker_options import BrokerOptions, MqttProtocol, broker_options
 from edgeinfer.cli.common import parse_size
 
 BROKER_COMMANDS = ("serve", "request", "deploy", "rollback", "rollout")
@@ -54,6 +55,44 @@ def test_every_broker_command_takes_the_same_broker_tls_and_credential_options()
         name: sorted(BROKER_OPTIONS - _visible_options(commands[name])) for name in BROKER_COMMANDS
     }
     assert missing == {name: [] for name in BROKER_COMMANDS}
+
+
+def test_the_broker_options_read_the_same_on_every_command() -> None:
+    """One declaration: each option's help, default, panel and environment variable match."""
+
+    def described(command: object) -> dict[str, tuple[object, ...]]:
+        return {
+            p.opts[0]: (p.help, p.default, p.rich_help_panel, p.envvar)
+            for p in getattr(command, "params", [])
+            if p.param_type_name == "option" and p.opts[0] in BROKER_OPTIONS - {"--device-id"}
+        }
+
+    commands = dict(_commands())
+    first, *others = [described(commands[name]) for name in (*BROKER_COMMANDS, "fleet status")]
+    assert len(first) == len(BROKER_OPTIONS) - 1
+    assert all(other == first for other in others)
+
+
+def test_a_broker_command_gets_its_options_as_one_value() -> None:
+    seen: list[BrokerOptions] = []
+
+    @broker_options()
+    def command(name: str, *, mqtt: BrokerOptions, json_out: bool = False) -> None:
+        seen.append(mqtt)
+
+    command(name="x", broker="mqtts://h:8883", topic_prefix="p", client_id=None,
+            protocol=MqttProtocol.v311, connect_timeout_s=3.0, username="u", password="pw",
+            password_file=None, tls_ca=None, tls_cert=None, tls_key=None)  # fmt: skip
+    connection = seen[0].connection(default_client_id="made", session_expiry_s=60)
+    assert (connection.broker, connection.client_id, connection.protocol) == (
+        "mqtts://h:8883", "made", "3.1.1",
+    )  # fmt: skip
+    assert (connection.password, connection.session_expiry_s, seen[0].topic_prefix) == (
+        "pw", 60, "p",
+    )  # fmt: skip
+    assert "pw" not in repr(seen[0])
+    with pytest.raises(TypeError, match="mqtt: BrokerOptions"):
+        broker_options()(lambda name: None)
 
 
 def test_no_command_shows_an_old_spelling() -> None:
