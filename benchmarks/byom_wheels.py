@@ -228,8 +228,8 @@ def cases(unpacked: Path, work: Path) -> list[Case]:
     """The matrix: what each model covers, its export and its check."""
     font = unpacked / "captcha" / "captcha" / "data" / "DroidSansMono.ttf"
     made = data.Made(font=font, unpacked=unpacked, work=work / "data")
-    detector_image = ["--image", "color=BGR", "--image", "mean=0,0,0", "--image", "std=1,1,1",
-                      "--image", "pad=top-left"]  # fmt: skip
+    detector_image = ["--preprocess", "color=BGR", "--preprocess", "mean=0,0,0",
+                      "--preprocess", "std=1,1,1", "--preprocess", "pad=top-left"]  # fmt: skip
     return [
         Case(
             "ddddocr click-captcha detector",

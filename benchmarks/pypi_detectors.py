@@ -9,7 +9,8 @@ bottom and right, scales it to 320 x 320 and suppresses across classes (``cv2.dn
 score 0.25, IoU 0.45). Exported three ways, with the exact commands:
 
 - ultralytics' defaults (centred letterbox in gray 114, class-aware NMS);
-- its own pipeline's settings (``--image pad=top-left --image fill=0 --nms agnostic=true``);
+- its own pipeline's settings (``--preprocess pad=top-left --preprocess fill=0
+  --nms agnostic=true``);
 - the same with ``--quantize int8-static``.
 
 Each package's detections on the ``gate`` photos of edgeinfer/export/data/photos.py (the export
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, photo in enumerate(photos(name)):  # type: ignore[arg-type]
             Image.fromarray(photo).save(folder / f"{i:02d}.png")
         split[name] = sorted(folder.glob("*.png"))
-    own = ("--image", "pad=top-left", "--image", "fill=0", "--nms", "agnostic=true")
+    own = ("--preprocess", "pad=top-left", "--preprocess", "fill=0", "--nms", "agnostic=true")
     runs = {
         "ultralytics defaults, fp32": ("--quantize", "none"),
         "its pipeline's settings, fp32": (*own, "--quantize", "none"),

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from edgeinfer.cli.common import console, print_json
+from edgeinfer.cli.common import aliased, console, deprecated, print_json
 from edgeinfer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def export(
             "default: chosen from the outputs)"
         ),
     ] = None,
-    image: Annotated[
+    preprocess: Annotated[
         list[str] | None,
         typer.Option(
             help="ONNX image graphs: preprocessing KEY=VALUE (color, mean, std, resize, "
@@ -168,6 +168,9 @@ def export(
         typer.Option(help="fail (exit 1) if the target's first provider takes less of the FLOPs"),
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+    image: Annotated[
+        list[str] | None, deprecated("--image", instead="--preprocess KEY=VALUE")
+    ] = None,
 ) -> None:
     """Convert, optimize, quantize and accuracy-check a model into a package."""
     if list_builtins:
@@ -203,17 +206,19 @@ def export(
     elif variants or kv_dtype:
         names = tuple(v.strip() for v in variants.split(",") if v) if variants else None
         builder = DecoderOptions(variants=names, kv_dtype=kv_dtype or "float32")
-    if labels is not None or state or metric or image or nms:
+    # --image names a picture file in classify, detect, segment and profile.
+    preprocess = aliased(preprocess, image, default=None, names="--preprocess / --image")
+    if labels is not None or state or metric or preprocess or nms:
         if builder is not None:
             raise ConfigError(
-                "--labels, --state, --metric, --image and --nms export ONNX files: drop "
+                "--labels, --state, --metric, --preprocess and --nms export ONNX files: drop "
                 "--early-exit, --variants and --distill-layers"
             )
         builder = OnnxFileOptions(
             labels=labels,
             state=tuple(state or ()),
             metrics=tuple(metric or ()),
-            image=tuple(image or ()),
+            image=tuple(preprocess or ()),
             nms=tuple(nms or ()),
         )
     options = ExportOptions(

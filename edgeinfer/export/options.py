@@ -140,10 +140,10 @@ class OnnxFileOptions:
             (``state`` -> ``stateN``, ``past*`` -> ``present*``, ``h0`` -> ``hn``).
         metrics: ``OUTPUT=METRIC`` gate metrics of a raw graph's outputs (``export/gates``;
             ``sequence:BLANK`` names the CTC blank); empty: chosen from the outputs.
-        image: ``KEY=VALUE`` preprocessing of an image graph, over the recipe's or the
-            default (``color``, ``mean``/``std`` as comma-separated 0-255 values, ``resize``,
-            ``shorter_side``, ``interpolation``, ``pad``, ``fill``, ``size`` WxH for a graph
-            of any size; docs/onnx.md).
+        image: ``KEY=VALUE`` preprocessing of an image graph (``--preprocess``), over the
+            recipe's ``[onnx.image]`` or the default (``color``, ``mean``/``std`` as
+            comma-separated 0-255 values, ``resize``, ``shorter_side``, ``interpolation``,
+            ``pad``, ``fill``, ``size`` WxH for a graph of any size; docs/onnx.md).
         nms: ``KEY=VALUE`` non-maximum suppression of a detector (``score``, ``iou``, ``max``,
             ``agnostic``); empty: ultralytics' defaults (0.25, 0.45, 300, class-aware).
     """
@@ -170,7 +170,8 @@ class OnnxFileOptions:
             key = key.strip()
             if key not in _IMAGE_KEYS or not value.strip():
                 raise ConfigError(
-                    f"--image {item!r} must be KEY=VALUE with KEY one of {', '.join(_IMAGE_KEYS)}"
+                    f"--preprocess {item!r} must be KEY=VALUE with KEY one of "
+                    f"{', '.join(_IMAGE_KEYS)}"
                 )
             try:
                 if key in ("mean", "std"):
@@ -184,7 +185,7 @@ class OnnxFileOptions:
                 else:
                     table[key] = value.strip()
             except ValueError as exc:
-                raise ConfigError(f"--image {item!r}: {exc}") from exc
+                raise ConfigError(f"--preprocess {item!r}: {exc}") from exc
         return table
 
     def nms_table(self) -> dict[str, Any]:

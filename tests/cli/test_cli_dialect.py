@@ -152,6 +152,25 @@ def test_an_old_spelling_still_works_and_says_which_to_use(
     assert json.loads(out.out)["release"]["devices"] == ["plc8"] and "deprecated" not in out.err
 
 
+def test_export_reads_preprocessing_from_preprocess_and_old_image_with_a_warning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--image`` is a picture file in classify, detect, segment and profile; export's
+    preprocessing is ``--preprocess``. The refusal (ONNX settings with --early-exit) comes
+    before any export, after the options were read."""
+    export = dict(_commands())["export"]
+    assert "--preprocess" in _visible_options(export) and "--image" not in _visible_options(export)
+    argv = ["export", "model.onnx", "-o", "pkg", "--early-exit"]
+    assert main([*argv, "--image", "color=BGR"]) == 2
+    err = capsys.readouterr().err
+    assert "--image is deprecated; use --preprocess" in err and "--preprocess and --nms" in err
+    assert main([*argv, "--preprocess", "color=BGR"]) == 2
+    err = capsys.readouterr().err
+    assert "deprecated" not in err and "--preprocess and --nms" in err
+    assert main([*argv, "--preprocess", "color=BGR", "--image", "pad=top-left"]) == 2
+    assert "give one" in capsys.readouterr().err
+
+
 def test_both_spellings_at_once_is_a_usage_error(
     fast_encoder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

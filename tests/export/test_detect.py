@@ -122,7 +122,7 @@ def test_a_detector_of_any_size_is_fixed_at_export_and_its_nms_recorded(tmp_path
     from edgeinfer.runtime.kinds import pictures
 
     graph = dynamic_yolo(tmp_path / "dyn.onnx")
-    with pytest.raises(ConfigError, match="--image size=WxH") as refused:
+    with pytest.raises(ConfigError, match="--preprocess size=WxH") as refused:
         export(ExportOptions(source=str(graph), out=tmp_path / "no", task="detect",
                              quantize="none", held_count=8))  # fmt: skip
     assert len(str(refused.value)) < 200  # the fix, not the symbolic shapes of every tensor

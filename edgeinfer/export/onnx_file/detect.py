@@ -1,6 +1,6 @@
 """The ``detect`` form of a user's graph: a YOLO-style detector as an ``image-detector``
 package. Pictures are letterboxed to the graph's size, RGB, scaled to 0-1 (ultralytics'
-preprocessing) unless ``--image`` (or the recipe's ``[onnx.image]``) says otherwise; NMS as
+preprocessing) unless ``--preprocess`` (or the recipe's ``[onnx.image]``) says otherwise; NMS as
 ``--nms`` says (ultralytics' defaults). The graph is read before it is judged
 (``evidence.py``): a head whose scores leave [0, 1], that holds more classes than the model
 names, or that comes with mask prototypes is refused with the command that fits. The gate
@@ -66,13 +66,13 @@ class YoloForm(Form):
         if not self._read_pictures(_ULTRALYTICS):
             run.report.warnings.append(
                 "detector pictures are letterboxed to the graph's size with gray 114, RGB, "
-                "scaled to 0-1 (ultralytics' preprocessing; --image sets others)"
+                "scaled to 0-1 (ultralytics' preprocessing; --preprocess sets others)"
             )
         self.nms = self.options.nms_table()
 
     def _read_pictures(self, defaults: dict[str, Any]) -> bool:
-        """The graph's facts, the pictures' spec (``defaults`` under ``--image``) and the held
-        and calibration photos at it; whether ``--image`` (or the recipe) set anything."""
+        """The graph's facts, the pictures' spec (``defaults`` under ``--preprocess``) and the held
+        and calibration photos at it; whether ``--preprocess`` (or the recipe) set anything."""
         run = self.run
         self.facts = evidence.read_graph(run.source.path / str(run.source.onnx_file))
         given = self._image_table()
@@ -85,14 +85,14 @@ class YoloForm(Form):
         return bool(given)
 
     def _size(self, shape: tuple[Any, ...], given: dict[str, Any]) -> tuple[int, int]:
-        """The graph's (height, width): its own, ``--image size=WxH``, else the metadata's."""
+        """The graph's (height, width): its own, ``--preprocess size=WxH``, else the metadata's."""
         fixed = tuple(d if isinstance(d, int) and d > 0 else None for d in shape[2:])
         asked = given.get("size")
         if asked is not None:
             if None not in fixed and tuple(asked) != fixed:
                 raise ConfigError(
-                    f"--image size={asked[1]}x{asked[0]}, but {self.inputs[0].name} takes "
-                    f"{fixed[1]}x{fixed[0]} pictures: drop --image size"
+                    f"--preprocess size={asked[1]}x{asked[0]}, but {self.inputs[0].name} takes "
+                    f"{fixed[1]}x{fixed[0]} pictures: drop --preprocess size"
                 )
             return int(asked[0]), int(asked[1])
         if None not in fixed:
@@ -101,11 +101,11 @@ class YoloForm(Form):
         if from_metadata is None:
             raise ConfigError(
                 f"{self.inputs[0].name} {list(shape)} takes pictures of any size: pass "
-                "--image size=WxH (the size it was trained at, e.g. size=640x640)"
+                "--preprocess size=WxH (the size it was trained at, e.g. size=640x640)"
             )
         self.run.report.warnings.append(
             f"pictures of {from_metadata[1]}x{from_metadata[0]}: the graph's metadata imgsz "
-            "(--image size=WxH sets another)"
+            "(--preprocess size=WxH sets another)"
         )
         return from_metadata
 

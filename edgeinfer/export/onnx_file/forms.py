@@ -78,7 +78,7 @@ class Form(abc.ABC):
         return default_labels(source.config, count)
 
     def _image_table(self) -> dict[str, Any]:
-        """The recipe's ``[onnx.image]`` settings, ``--image`` over them."""
+        """The recipe's ``[onnx.image]`` settings, ``--preprocess`` over them."""
         recipe = self.run.source.recipe
         table = dict(recipe.onnx.get("image", {})) if recipe else {}
         return table | self.options.image_table()
@@ -181,7 +181,7 @@ class ImageForm(Form):
             spec = spec_from_processor(processor)
             if not table:
                 return spec
-            # --image settings over the processor's (its size stays)
+            # --preprocess settings over the processor's (its size stays)
             keys = ("mean", "std", "color", "resize", "shorter_side", "interpolation", "pad")
             base = {key: getattr(spec, key) for key in keys}
             return spec_from_table(base | table, height=spec.height, width=spec.width)

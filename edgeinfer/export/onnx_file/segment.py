@@ -83,7 +83,7 @@ class InstanceForm(_Segmenter):
 
 class SemanticForm(_Segmenter):
     """A per-pixel classifier [1, C, h, w]: one mask per label present (``mode`` "semantic");
-    pictures stretched to the graph's size with ImageNet's mean and std unless ``--image``
+    pictures stretched to the graph's size with ImageNet's mean and std unless ``--preprocess``
     says otherwise."""
 
     def load(self) -> None:

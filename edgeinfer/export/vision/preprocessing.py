@@ -37,7 +37,7 @@ def spec_from_table(
     width: int,
     resize_modes: tuple[str, ...] = _RESIZE_MODES,
 ) -> ImageSpec:
-    """An ``ImageSpec`` from a recipe's table (or ``--image`` settings): ``mean``/``std``
+    """An ``ImageSpec`` from a recipe's table (or ``--preprocess`` settings): ``mean``/``std``
     (0-255 values, the graph's channel order; default ImageNet's), ``color``, ``resize``,
     ``shorter_side``, ``interpolation``, ``pad``."""
     resize = str(table.get("resize", "crop"))
