@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import pytest
 from bridge_harness import LOOPBACK, Mosquitto
@@ -31,7 +32,7 @@ from paho.mqtt.client import Client as PahoClient
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from edgeinfer.bridge import Connection
-from edgeinfer.bridge.fleet.progress import Progress, RolloutBusyError, rollout_lock
+from edgeinfer.bridge.fleet.progress import DONE, Progress, RolloutBusyError, rollout_lock
 from edgeinfer.bridge.fleet.rollout import RolloutPlan, rollout
 from edgeinfer.bridge.ota.signing import generate_keypair
 from edgeinfer.manifest import Manifest
@@ -143,40 +144,53 @@ def test_a_release_live_traffic_catches_rolls_back_in_the_first_wave_and_aborts(
             assert by_id[device_id].serves == origin
 
 
-def _operator(fleet: Fleet) -> subprocess.Popen[bytes]:
+def _operator(fleet: Fleet) -> tuple[subprocess.Popen[str], queue.Queue[str | None]]:
+    """``edgeinfer rollout`` in a subprocess, and its progress lines as it prints them (None
+    once it closed its output); the lines are kept in operator.log too."""
     command = [sys.executable, "-m", "edgeinfer", "rollout", str(fleet.packages.good),
                "--state-dir", str(fleet.state_dir), "--compatible", CLASS, "--start", "2",
                "--factor", "2", "--device-timeout-s", "120", "--broker", fleet.broker.url,
                "--offline-wait-s", "120"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    log = (fleet.state_dir.parent / "operator.log").open("wb")
-    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    operator = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read(out: IO[str]) -> None:
+        with (fleet.state_dir.parent / "operator.log").open("w") as log:
+            for line in out:
+                log.write(line)
+                lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    assert operator.stdout is not None
+    threading.Thread(target=read, args=(operator.stdout,), daemon=True).start()
+    return operator, lines
 
 
-def _wait_rows(fleet: Fleet, done: int) -> None:
-    """Until at least ``done`` devices of the running rollout are done (a hang guard of 300 s)."""
+def _wait_done(lines: queue.Queue[str | None], done: int) -> None:
+    """Until the operator has printed ``done`` devices done (it prints a device's step, e.g.
+    ``gw-03: committed``, once it has recorded it; a hang guard of 300 s)."""
     give_up = time.monotonic() + 300
-    while time.monotonic() < give_up:
-        progress = Progress(fleet.state_dir)
+    finished: set[str] = set()
+    while len(finished) < done:
         try:
-            recorded = progress.rollout(NAME)  # first: the rows read next are this rollout's
-            rows = progress.devices(NAME)
-        finally:
-            progress.close()
-        current = recorded is not None and recorded["package"] == str(fleet.packages.good)
-        if current and sum(r.done for r in rows) >= done:
-            return
-        time.sleep(0.2)  # polling another process's database: no event to wait on
-    raise AssertionError("the operator made no progress")
+            line = lines.get(timeout=max(0.0, give_up - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError("the operator made no progress") from None
+        assert line is not None, "the operator ended before it was killed"
+        device, _, step = line.partition(": ")
+        if step.split(" ")[0] in DONE:
+            finished.add(device)
 
 
 def test_a_killed_operator_resumes_none_twice_none_skipped_offline_device_on_return(
     fleet: Fleet,
 ) -> None:
     good = Manifest.read(fleet.packages.good).digest
-    operator = _operator(fleet)
+    operator, lines = _operator(fleet)
     try:
-        _wait_rows(fleet, 2)  # the first wave is done; the second under way
+        _wait_done(lines, 2)  # the first wave is done; the second under way
         with pytest.raises(RolloutBusyError):  # the same name cannot run twice at once
             with rollout_lock(fleet.state_dir, NAME):
                 pass
@@ -191,19 +205,17 @@ def test_a_killed_operator_resumes_none_twice_none_skipped_offline_device_on_ret
     assert 2 <= sum(r.done for r in at_kill) < FLEET  # killed mid-rollout, not after it
 
     offline = fleet.devices[OFFLINE]
+    seen_waiting = threading.Event()  # the rollout has recorded it waiting, offline
+    if {r.device_id: r.state for r in at_kill}.get(OFFLINE) == "waiting":
+        seen_waiting.set()  # recorded by the killed operator: the resumed run leaves it so
+
+    def on_step(device: str, step: str) -> None:  # called once the step is recorded
+        if device == OFFLINE and step.startswith("waiting"):
+            seen_waiting.set()
 
     def back_when_waiting() -> None:  # comes back once the rollout has seen it offline
-        give_up = time.monotonic() + 300
-        while time.monotonic() < give_up:
-            progress = Progress(fleet.state_dir)
-            try:
-                state = {r.device_id: r.state for r in progress.devices(NAME)}.get(OFFLINE)
-            finally:
-                progress.close()
-            if state == "waiting":
-                offline.start()
-                return
-            time.sleep(0.2)  # polling the database of the rollout running beside it
+        if seen_waiting.wait(300):
+            offline.start()
 
     returner = threading.Thread(target=back_when_waiting, daemon=True)
     returner.start()
@@ -212,6 +224,7 @@ def test_a_killed_operator_resumes_none_twice_none_skipped_offline_device_on_ret
         connection=fleet.connection(),
         state_dir=fleet.state_dir,
         plan=fleet.plan(),
+        on_step=on_step,
     )  # the lock came free
     returner.join(60)
     assert report.state == "done", report.as_dict()
