@@ -25,6 +25,7 @@ from edgeinfer.export.options import EarlyExitOptions, ExportOptions
 from edgeinfer.manifest import Manifest
 from edgeinfer.runtime.generate import Generator
 from edgeinfer.runtime.generate.decoding import Decoder
+from tests.run_order import longest_files_first
 
 TOPICS = ["business", "entertainment", "politics", "sport", "tech"]
 # Gate views per image export: the 4 whole photos and mirrors plus 44 crops, ~25 decided.
@@ -472,6 +473,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if config.getoption("--fast"):
         config.hook.pytest_deselected(items=slow)
         items[:] = fast
+    items[:] = longest_files_first(items)
 
 
 @pytest.fixture(scope="session", autouse=True)

