@@ -11,27 +11,27 @@ replies (a member that answered too, then died before the reply got out) are cou
 Every request carries its expiry as the MQTT v5 Message Expiry Interval: the time left until
 its deadline, or else until the client gives up (every attempt's wait). The broker discards it
 once that has passed, and a bridge drops it unstarted (``deadline_exceeded``), so a member
-returning after an outage never runs work nobody waits for.
+returning after an outage never runs work nobody waits for. The schedule and the matching of
+replies are ``inflight.py``'s; this module is the paho side.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from edgeinfer.bridge.connection import Connection, Handshake, connect_async, new_paho_client
+from edgeinfer.bridge.inflight import Inflight, Pending, request_expiry_s, total_wait_s
 from edgeinfer.bridge.wire import protocol as proto
 from edgeinfer.bridge.wire.failures import raise_for_error
-from edgeinfer.errors import BridgeError, ConfigError, RequestTimeoutError
+from edgeinfer.errors import BridgeError, ConfigError
 
 if TYPE_CHECKING:
     from paho.mqtt.client import Client as PahoClient
@@ -43,9 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["Client", "RequestOptions"]
 
 log = logging.getLogger(__name__)
-
-# The MQTT v5 Message Expiry Interval is a four-byte count of seconds.
-_MAX_EXPIRY_S = 2**32 - 1
 
 
 class RequestOptions(TypedDict, total=False):
@@ -63,24 +60,6 @@ class RequestOptions(TypedDict, total=False):
     retries: int
     backoff: float
     busy_wait_s: float
-
-
-@dataclass
-class _Pending:
-    topic: str
-    payload: bytes
-    correlation: bytes
-    content_type: str | None
-    future: Future[dict[str, Any]]
-    next_send: float  # time.monotonic() of the next re-send
-    wait_s: float  # the current wait between sends
-    resends_left: int
-    backoff: float  # each wait is this many times the previous one
-    busy_wait_s: float  # wait before re-sending after a `busy` reply (doubles each time)
-    expires_at: float  # time.monotonic() after which no one waits for the answer
-    attempts: int = 1
-    on_chunk: Callable[[dict[str, Any]], None] | None = None  # a generation's chunks
-    next_chunk: int = 0  # chunks below this number were delivered (repeats are dropped)
 
 
 class Client:
@@ -111,15 +90,14 @@ class Client:
         self.reply_topic = f"{topic_prefix}/clients/{connection.client_id}/reply"
         self.qos = qos
         self.fmt = fmt
+        # Counted on paho's network thread (replies) and the re-send thread (resends).
         self.duplicate_replies = 0
         self.busy_replies = 0  # `busy` replies that were re-sent later
         self.resends = 0
-        self._pending: dict[bytes, _Pending] = {}
-        self._lock = threading.Condition()
+        self._inflight = Inflight()
         self._ids = itertools.count()
         self._prefix = f"{os.getpid():x}-{uuid.uuid4().hex[:8]}"
         self._handshake = Handshake(connection)
-        self._closed = False
         self._client: PahoClient = new_paho_client(connection)
         self._client.max_inflight_messages_set(1000)
         self._client.on_connect = self._on_connect
@@ -153,17 +131,8 @@ class Client:
 
     def close(self) -> None:
         """Disconnect; requests still waiting fail with ``RequestTimeoutError``."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            pending, self._pending = self._pending, {}
-            self._lock.notify_all()
-        for item in pending.values():
-            if not item.future.done():
-                item.future.set_exception(
-                    RequestTimeoutError("client closed before the reply came")
-                )
+        if not self._inflight.close():
+            return
         self._client.disconnect()
         self._client.loop_stop()
 
@@ -228,7 +197,7 @@ class Client:
         body["reply_to"] = self.reply_topic
         payload = proto.encode(body, fmt=self.fmt)
         content_type = proto.CONTENT_MSGPACK if self.fmt == "msgpack" else None
-        waits_s = _waits_s(attempt_timeout_s, retries, backoff)
+        waiting_s = total_wait_s(attempt_timeout_s, retries, backoff)
         return self._send(
             f"{self.base}/{model}/req",
             payload,
@@ -239,7 +208,7 @@ class Client:
             backoff,
             busy_wait_s,
             on_chunk,
-            expiry_s=_expiry_s(timeout_ms, deadline_ms, waits_s),
+            expiry_s=request_expiry_s(timeout_ms, deadline_ms, waiting_s),
         )
 
     def request(
@@ -288,7 +257,7 @@ class Client:
     ) -> Future[dict[str, Any]]:
         future: Future[dict[str, Any]] = Future()
         now = time.monotonic()
-        item = _Pending(
+        item = Pending(
             topic,
             payload,
             correlation,
@@ -302,17 +271,11 @@ class Client:
             expires_at=now + expiry_s,
             on_chunk=on_chunk,
         )
-        with self._lock:
-            if self._closed:
-                raise ConfigError("the client is closed")
-            if correlation in self._pending:
-                raise ConfigError(f"request {correlation.decode(errors='replace')!r} is in flight")
-            self._pending[correlation] = item
-            self._lock.notify_all()
+        self._inflight.add(item)
         self._publish(item)
         return future
 
-    def _publish(self, item: _Pending) -> None:
+    def _publish(self, item: Pending) -> None:
         props = None
         if self.connection.is_v5:
             from paho.mqtt.packettypes import PacketTypes
@@ -323,46 +286,17 @@ class Client:
             props.CorrelationData = item.correlation
             if item.content_type:
                 props.ContentType = item.content_type
-            # Whole seconds, rounded up, at least 1, at most what the four bytes hold.
-            left_s = min(float(_MAX_EXPIRY_S), item.expires_at - time.monotonic())
-            props.MessageExpiryInterval = max(1, math.ceil(left_s))
+            props.MessageExpiryInterval = item.expiry_interval_s()
         # Disconnected: paho keeps the QoS 1 message and sends it after reconnecting.
         self._client.publish(item.topic, item.payload, qos=self.qos, properties=props)
 
     def _resend_loop(self) -> None:
-        while True:
-            due: list[_Pending] = []
-            expired: list[_Pending] = []
-            with self._lock:
-                if self._closed:
-                    return
-                now = time.monotonic()
-                for key, item in list(self._pending.items()):
-                    if item.next_send > now:
-                        continue
-                    if item.resends_left == 0:
-                        expired.append(self._pending.pop(key))
-                        continue
-                    item.resends_left -= 1
-                    item.attempts += 1
-                    item.next_send = now + item.wait_s
-                    item.wait_s *= item.backoff
-                    due.append(item)
-                wake = min((i.next_send for i in self._pending.values()), default=now + 1.0)
-            for item in expired:
-                item.future.set_exception(
-                    RequestTimeoutError(
-                        f"no reply to {item.correlation.decode(errors='replace')!r} "
-                        f"after {item.attempts} attempt(s)"
-                    )
-                )
+        while (due := self._inflight.take_due()) is not None:
+            self.resends += len(due)
             for item in due:
-                self.resends += 1
                 log.info("re-sending %r (attempt %d)", item.correlation, item.attempts)
                 self._publish(item)
-            with self._lock:
-                if not self._closed:
-                    self._lock.wait(max(0.0, min(wake - time.monotonic(), 1.0)))
+            self._inflight.wait_for_next()
 
     def _on_connect(
         self,
@@ -387,62 +321,6 @@ class Client:
             return
         correlation = getattr(props, "CorrelationData", None)
         key = bytes(correlation) if correlation else str(reply.get("id", "")).encode()
-        with self._lock:
-            item = self._pending.get(key)
-            if item is None:
-                self.duplicate_replies += 1
-                return
-            if "chunk" in reply:  # a generation streams: not the final message yet
-                number = reply["chunk"]
-                fresh = isinstance(number, int) and number >= item.next_chunk
-                if fresh:
-                    item.next_chunk = number + 1
-                item.next_send = max(item.next_send, time.monotonic() + item.wait_s)
-                deliver = item.on_chunk if fresh else None
-            else:
-                deliver = None
-        if "chunk" in reply:
-            if deliver is not None:
-                deliver(reply)
-            return
-        with self._lock:
-            item = self._pending.get(key)
-            if item is None:
-                self.duplicate_replies += 1
-                return
-            error = reply.get("error")
-            code = error.get("code") if isinstance(error, dict) else None
-            if code == proto.BUSY and item.busy_wait_s > 0 and item.resends_left > 0:
-                item.next_send = time.monotonic() + item.busy_wait_s  # back-pressure: wait
-                item.busy_wait_s *= 2
-                self.busy_replies += 1
-                self._lock.notify_all()
-                return
-            del self._pending[key]
-        item.future.set_result(reply)
-
-
-def _waits_s(attempt_timeout_s: float, retries: int, backoff: float) -> float:
-    """How long the client waits in all before it gives up: every attempt's wait (at most
-    MQTT's largest expiry, so that a huge ``retries`` costs no time and overflows nothing)."""
-    if backoff == 1:
-        return min(attempt_timeout_s * (retries + 1), float(_MAX_EXPIRY_S))
-    total_s, wait_s = 0.0, attempt_timeout_s
-    for _ in range(retries + 1):
-        total_s += wait_s
-        if not total_s < _MAX_EXPIRY_S:
-            return float(_MAX_EXPIRY_S)
-        wait_s *= backoff
-    return total_s
-
-
-def _expiry_s(timeout_ms: float | None, deadline_ms: float | None, waits_s: float) -> float:
-    """Seconds until a request's answer is useless: its timeout or deadline, else ``waits_s``
-    (when the client gives up). Bad values are the bridge's to refuse: the client's own
-    bound then."""
-    if isinstance(timeout_ms, int | float) and math.isfinite(timeout_ms) and timeout_ms > 0:
-        return min(float(timeout_ms) / 1e3, waits_s)
-    if isinstance(deadline_ms, int | float) and math.isfinite(deadline_ms):
-        left_s = (float(deadline_ms) - time.time() * 1e3) / 1e3
-        return min(max(left_s, 0.0), waits_s)
-    return waits_s
+        outcome = self._inflight.settle(key, reply)
+        self.duplicate_replies += outcome == "duplicate"
+        self.busy_replies += outcome == "busy"
