@@ -17,7 +17,7 @@ need (summaries, counters, gauges) is a few lines.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -187,6 +187,18 @@ def _labels(**labels: str | int) -> str:
     return "{" + ",".join(f'{k}="{escape(v)}"' for k, v in labels.items()) + "}"
 
 
+def _family(
+    name: str, kind: str, help: str, samples: Sequence[tuple[Mapping[str, str | int], float]]
+) -> list[str]:
+    """One metric family: its HELP and TYPE lines, then one line per (labels, value); a count
+    is written whole, a float with 9 significant digits."""
+    lines = [f"# HELP {name} {help}", f"# TYPE {name} {kind}"]
+    for labels, value in samples:
+        text = f"{value:.9g}" if isinstance(value, float) else str(value)
+        lines.append(f"{name}{_labels(**labels)} {text}")
+    return lines
+
+
 class _Measured(Protocol):
     def metrics(self) -> MetricsSnapshot: ...
 
@@ -212,37 +224,37 @@ def render_prometheus(snapshots: Iterable[MetricsSnapshot | _Measured]) -> str:
                     lines.append(f"edgeinfer_latency_seconds{quantile} {value_ms / 1e3:.9g}")
                 lines.append(f"edgeinfer_latency_seconds_sum{_labels(**base)} {s.sum_ms / 1e3:.9g}")
                 lines.append(f"edgeinfer_latency_seconds_count{_labels(**base)} {s.count}")
-    lines += [
-        "# HELP edgeinfer_cache_hits_total Texts answered from a result cache.",
-        "# TYPE edgeinfer_cache_hits_total counter",
+    hits = [
+        ({"model": snap.model, "task": task, "tier": tier}, n)
+        for snap in snaps
+        for task, tiers in snap.cache_hits.items()
+        for tier, n in tiers.items()
     ]
-    for snap in snaps:
-        for task, tiers in snap.cache_hits.items():
-            for tier, n in tiers.items():
-                labels = _labels(model=snap.model, task=task, tier=tier)
-                lines.append(f"edgeinfer_cache_hits_total{labels} {n}")
-    lines += [
-        "# HELP edgeinfer_cache_misses_total Texts that ran the graph.",
-        "# TYPE edgeinfer_cache_misses_total counter",
+    misses = [
+        ({"model": snap.model, "task": task}, n)
+        for snap in snaps
+        for task, n in snap.cache_misses.items()
     ]
-    for snap in snaps:
-        for task, n in snap.cache_misses.items():
-            lines.append(f"edgeinfer_cache_misses_total{_labels(model=snap.model, task=task)} {n}")
-    lines += [
-        "# HELP edgeinfer_early_exits_total Texts answered by an early-exit head.",
-        "# TYPE edgeinfer_early_exits_total counter",
+    exits: list[tuple[Mapping[str, str | int], int]] = [
+        ({"model": snap.model, "task": task, "layer": layer}, n)
+        for snap in snaps
+        for task, layers in snap.early_exits.items()
+        for layer, n in layers.items()
     ]
-    for snap in snaps:
-        for task, layers in snap.early_exits.items():
-            for layer, n in layers.items():
-                labels = _labels(model=snap.model, task=task, layer=layer)
-                lines.append(f"edgeinfer_early_exits_total{labels} {n}")
-    lines += [
-        "# HELP edgeinfer_cold_start_seconds From load() to the model being warm and ready.",
-        "# TYPE edgeinfer_cold_start_seconds gauge",
+    cold = [
+        ({"model": s.model}, s.cold_start_ms / 1e3) for s in snaps if s.cold_start_ms is not None
     ]
-    for snap in snaps:
-        if snap.cold_start_ms is not None:
-            labels = _labels(model=snap.model)
-            lines.append(f"edgeinfer_cold_start_seconds{labels} {snap.cold_start_ms / 1e3:.9g}")
+    lines += _family(
+        "edgeinfer_cache_hits_total", "counter", "Texts answered from a result cache.", hits
+    )
+    lines += _family("edgeinfer_cache_misses_total", "counter", "Texts that ran the graph.", misses)
+    lines += _family(
+        "edgeinfer_early_exits_total", "counter", "Texts answered by an early-exit head.", exits
+    )
+    lines += _family(
+        "edgeinfer_cold_start_seconds",
+        "gauge",
+        "From load() to the model being warm and ready.",
+        cold,
+    )
     return "\n".join(lines) + "\n"
