@@ -490,3 +490,30 @@ def semantic_like(path: Path, *, classes: int = 3, size: int = 32) -> Path:
         initializer=[numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "B")],
     )
     return _save(graph, path)
+
+
+def saliency_like(path: Path, *, size: int = 32) -> Path:
+    """U-2-Net's layout (rembg's u2netp): images [1, 3, size, size] -> a fused foreground
+    probability map [1, 1, size, size] (Sigmoid; bright red is foreground) and a side output
+    of the same shape (the inverse map: a package must read only the first)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.array([8.0, 0.0, 0.0], np.float32)[None, :, None, None]
+    bias = np.full(1, -2.0, np.float32)
+    shape = [1, 1, size, size]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["image", "W", "B"], ["logit"]),
+            helper.make_node("Sigmoid", ["logit"], ["d0"]),
+            helper.make_node("Neg", ["logit"], ["inverse"]),
+            helper.make_node("Sigmoid", ["inverse"], ["d1"]),
+        ],
+        "saliency_like",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
+        [
+            helper.make_tensor_value_info("d0", TensorProto.FLOAT, shape),
+            helper.make_tensor_value_info("d1", TensorProto.FLOAT, shape),
+        ],
+        initializer=[numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "B")],
+    )
+    return _save(graph, path)

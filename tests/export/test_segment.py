@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx_models import semantic_like, yolo_seg_like
+from onnx_models import saliency_like, semantic_like, yolo_seg_like
 
 import edgeinfer
 from edgeinfer.errors import ConfigError
@@ -129,3 +129,22 @@ def test_a_per_pixel_classifier_ships_one_mask_per_label(tmp_path: Path) -> None
     assert set(masks) == {"red", "blue"}
     assert masks["red"][:, :28].all() and not masks["red"][:, 32:].any()
     assert masks["blue"][:, 32:].all() and not (masks["red"] & masks["blue"]).any()
+
+
+def test_a_one_channel_probability_map_ships_background_and_foreground(tmp_path: Path) -> None:
+    """U-2-Net's layout (a Sigmoid map [1, 1, h, w] first, side outputs after): the two
+    classes 1 - p and p, foreground where p > 0.5 of the first output; --task segment had
+    refused it ("--task raw") for having fewer than two classes."""
+    out = tmp_path / "pkg"
+    _export(saliency_like(tmp_path / "u2.onnx"), out, task="segment")
+    io = json.loads((out / "manifest.json").read_text())["io"]
+    assert (io["mode"], io["labels"]) == ("semantic", ["background", "foreground"])
+    picture = np.zeros((40, 60, 3), np.uint8)
+    picture[10:30, 20:50, 0] = 255  # a red block on black
+    with edgeinfer.load(out) as model:
+        (found,) = model.segment(picture)
+    masks = {s.label: s.full(60, 40) for s in found}
+    assert set(masks) == {"background", "foreground"}
+    assert masks["foreground"][12:28, 22:48].all() and masks["foreground"].sum() <= 20 * 30 + 60
+    assert not (masks["foreground"] & masks["background"]).any()
+    assert (masks["foreground"] | masks["background"]).all()

@@ -23,6 +23,8 @@ from edgeinfer.runtime.model import narrow
 __all__ = ["InstanceForm", "SemanticForm"]
 
 _PROBE_ITEMS = 3
+# a one-channel map [1, 1, h, w] is two classes: the pixels at or under 0.5 and those over it
+_FOREGROUND = ("background", "foreground")
 
 
 class _Segmenter(YoloForm):
@@ -84,18 +86,23 @@ class InstanceForm(_Segmenter):
 class SemanticForm(_Segmenter):
     """A per-pixel classifier [1, C, h, w]: one mask per label present (``mode`` "semantic");
     pictures stretched to the graph's size with ImageNet's mean and std unless ``--preprocess``
-    says otherwise."""
+    says otherwise. One channel (C = 1) is a foreground probability map: background and
+    foreground unless ``--labels`` names the two."""
 
     def load(self) -> None:
         shape, out = tuple(self.inputs[0].shape), tuple(self.outputs[0].shape)
-        if len(shape) != 4 or len(out) != 4 or not isinstance(out[1], int) or out[1] < 2:
+        if len(shape) != 4 or len(out) != 4 or not isinstance(out[1], int) or out[1] < 1:
             raise ConfigError(
                 f"--task segment takes a YOLO-seg graph or a per-pixel classifier of images "
                 f"[1, 3, H, W] -> [1, C, h, w]; this one gives {list(out)}: --task raw"
             )
         self._read_pictures({"resize": "stretch"})
         self.nms = {}
-        self.labels = self._head_labels(int(out[1]))
+        channels = int(out[1])
+        if channels == 1 and self.options.labels is None and self.facts.names() is None:
+            self.labels = _FOREGROUND  # U-2-Net's one saliency map [1, 1, h, w], and the like
+        else:
+            self.labels = self._head_labels(2 if channels == 1 else channels)
 
     def _read_head(self, graph: Path) -> None:
         """A per-pixel classifier has no head to read."""

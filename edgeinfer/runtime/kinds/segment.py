@@ -9,7 +9,8 @@ Two modes (``ImageSegmenterIO.mode``):
   cropped to its box, then to the picture's pixels, >= ``mask_threshold``;
 - ``semantic`` (a per-pixel classifier, [1, C, h, w] scores): each pixel's best class at the
   graph's resolution, then to the picture's pixels; every label present is one mask, scored
-  by its mean probability.
+  by its mean probability. One channel (C = 1, a saliency or matting map p) is the two
+  classes 1 - p and p: foreground where p > 0.5.
 
 Each ``Segment`` keeps its mask only over its box (``mask`` bool [h, w] from ``offset``, the
 box rounded out and widened to every pixel the upsampled mask holds):
@@ -167,6 +168,9 @@ def semantic_masks(
     """Each label present in per-pixel ``scores`` [1, C, h, w]: (label index, mean
     probability, offset, mask over its box, box) in the picture's pixels."""
     planes = scores[0].astype(np.float64)  # [C, h, w]
+    if len(planes) == 1:  # one foreground map (U-2-Net's): [1 - p, p], sigmoid if logits
+        p = planes[0] if 0 <= planes.min() and planes.max() <= 1 else 1 / (1 + np.exp(-planes[0]))
+        planes = np.stack([1.0 - p, p])
     sums = planes.sum(axis=0)
     if planes.min() < 0 or not np.allclose(sums, 1.0, atol=1e-3):  # logits: softmax them
         planes = np.exp(planes - planes.max(axis=0))
