@@ -253,8 +253,8 @@ class ContinuousBatchConfig:
             prompt + max_new_tokens positions); a sequence waits until it fits. ``None``: no
             budget beyond ``max_sequences``.
         prefill_chunk_tokens: the bounded step: a newcomer's prompt runs at most this many
-            tokens between two decode steps of the others (chunks end at its multiples, so a
-            prompt runs alike whatever the load). 32: with 4 streams and ~240-token prompts
+            tokens between two decode steps of the others (chunks end at its multiples; with
+            none decoding it runs whole). 32: with 4 streams and ~240-token prompts
             their inter-token p99 is a quarter of a whole-prompt step's, with the TTFT of 64;
             8 or 16 gain no tail and double the TTFT (benchmarks/step_budget.py).
     """

@@ -237,12 +237,37 @@ def test_a_newcomer_runs_one_chunk_of_its_prompt_between_two_steps_of_the_others
 def test_prefill_in_chunks_gives_the_same_tokens(tiny: Generator, fast_decoder: Path) -> None:
     gen = _batched(fast_decoder, max_sequences=2, prefill_chunk_tokens=3)
     try:
+        other = gen.stream(PROMPTS[0], max_new_tokens=60)
+        next(other)  # decoding: the long prompt runs in chunks between its steps
         long = " ".join(PROMPTS)
         assert gen.generate(long, max_new_tokens=12).token_ids == (
             tiny.generate(long, max_new_tokens=12).token_ids
         )
+        other.close()
     finally:
         gen.close()
+
+
+def test_a_prompt_runs_whole_when_no_other_sequence_decodes(
+    fast_decoder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nobody waits between two tokens: the newcomer's prompt is one run, not chunks (each
+    run reads every weight once)."""
+    fills: list[int] = []
+    real_forward = Runs.forward
+
+    def forward(self: Runs, row: int, ids: Any, start: int, **kw: Any) -> Any:
+        fills.append(len(ids))
+        return real_forward(self, row, ids, start, **kw)
+
+    monkeypatch.setattr(Runs, "forward", forward)
+    gen = _batched(fast_decoder, max_sequences=2, prefill_chunk_tokens=3)
+    try:
+        long = " ".join(PROMPTS)
+        gen.generate(long, max_new_tokens=2)
+    finally:
+        gen.close()
+    assert fills == [len(gen.encode(long))]
 
 
 def test_continuous_batching_refuses_what_keeps_one_sequences_cache(

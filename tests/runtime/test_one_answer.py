@@ -146,14 +146,17 @@ def test_every_step_computes_the_same_logits_bits_whatever_the_load(
 def test_a_chunked_prompt_gives_the_tokens_of_a_whole_one(
     tiny: Generator, fast_decoder: Path
 ) -> None:
-    """A prompt prefilled a few tokens per run (between other streams' steps) gives the
-    greedy tokens of one prefilled in one run."""
+    """A prompt prefilled a few tokens per run (between another stream's steps) gives the
+    greedy tokens of one prefilled in one run (a prompt alone runs whole: none waits)."""
     small = _load(fast_decoder, threads=1, slots=4, chunk=3)
     try:
         assert max(len(tiny.encode(p)) for p in TINY_PROMPTS) > 3  # several chunks each
         for prompt in TINY_PROMPTS:
             whole = tiny.generate(prompt, max_new_tokens=24).token_ids
+            other = small.stream(TINY_PROMPTS[0], max_new_tokens=200)
+            next(other)  # decoding: the prompt runs in chunks between its steps
             assert small.generate(prompt, max_new_tokens=24).token_ids == whole, prompt
+            other.close()
     finally:
         small.close()
 

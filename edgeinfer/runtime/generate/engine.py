@@ -12,8 +12,9 @@ row in a ``SlotCache``. The thread loops:
    keeps a finished sequence's keys/values: the next prompt that starts the same prefills
    from where they end) or the prefix store holds (a chat's system prompt, from disk);
 2. run one chunk (``prefill_chunk_tokens``) of the newcomer's prompt on its row alone, so the
-   others wait at most one chunk between two tokens, never a whole long prompt; chunks start
-   at multiples of the chunk size whatever the load, so a prompt's bits do not depend on it;
+   others wait at most one chunk between two tokens, never a whole long prompt; with none
+   decoding, the rest at once (none waits; each run reads every weight). Logits and keys/values
+   are the same bits however a prompt is grouped into runs (``export/decoder/graph.py``);
 3. run one decode step of every admitted sequence at once: a batch of one token per sequence,
    each with its own position and mask row; greedy rows read the graph's argmax, sampled rows
    their logits through their own sampler;
@@ -308,8 +309,10 @@ class Engine:
             seq.end()
             return
         start = self._begin(seq, row) if self._filled is None else self._filled
-        # Chunks end at multiples of the chunk size: the same runs whatever the load.
-        end = min(len(seq.ids), (start // self.prefill_chunk + 1) * self.prefill_chunk)
+        # None decodes, none waits: the rest at once (a run's fixed cost, reading every weight, is
+        # ~6 prompt tokens' compute: benchmarks/step_cost.py); else chunks end at its multiples.
+        chunk_end = (start // self.prefill_chunk + 1) * self.prefill_chunk
+        end = min(len(seq.ids), chunk_end) if self._decoding else len(seq.ids)
         logits = self._runs.forward(row, seq.ids[start:end], start, rows=1, output="logits")
         self._filled = end
         if end < len(seq.ids):
