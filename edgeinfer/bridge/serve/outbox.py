@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from paho.mqtt.properties import Properties
     from paho.mqtt.reasoncodes import ReasonCode
 
+    from edgeinfer.bridge.serve.reply_properties import ReplyProperties
+
 __all__ = ["Outbox"]
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,11 @@ class Outbox:
         self._early: dict[int, str] = {}  # a refusal whose PUBACK beat publish() returning
         self._refused: set[str] = set()  # topics whose refusal was logged
         self.refusals = 0  # publishes the broker refused
+        self._reply_properties: type[ReplyProperties] | None = None  # v5 only
+        if config.connection.is_v5:  # paho (the mqtt extra) is there: the client is made
+            from edgeinfer.bridge.serve.reply_properties import ReplyProperties
+
+            self._reply_properties = ReplyProperties
 
     def publish(
         self,
@@ -64,16 +71,10 @@ class Outbox:
 
     def send(self, out: Outgoing) -> None:
         """Publish one reply (an error reply without a reply topic goes to ``P/D/errors``)."""
-        from paho.mqtt.packettypes import PacketTypes
-        from paho.mqtt.properties import Properties
-
         props = None
-        if self._config.connection.is_v5:
-            props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-            msgpack = out.fmt == "msgpack"
-            props.ContentType = proto.CONTENT_MSGPACK if msgpack else proto.CONTENT_JSON
-            if out.correlation is not None:
-                props.CorrelationData = out.correlation
+        if self._reply_properties is not None:
+            content = proto.CONTENT_MSGPACK if out.fmt == "msgpack" else proto.CONTENT_JSON
+            props = self._reply_properties(content, out.correlation)
         topic = out.topic or f"{self._config.base}/errors"
         qos = self._config.qos
         # Disconnected: paho keeps QoS 1 messages and sends them after the reconnect.
