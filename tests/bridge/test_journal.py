@@ -104,6 +104,24 @@ def test_a_recorded_request_survives_reopening_with_its_properties(tmp_path: Pat
     assert Journal(path).restart() == []
 
 
+def test_keys_are_the_json_text_earlier_journals_hold(tmp_path: Path) -> None:
+    """A key is stored as ``json.dumps`` of its strings (the files earlier bridges wrote)."""
+    path = tmp_path / "j.sqlite3"
+    Journal(path).close()
+    odd = ("edgeinfer/clients/é/reply", "m", 'r-"1"\\ \n\t\x00\x7f 中 😀 \ud800')
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "INSERT INTO requests (key, topic, payload, properties, received_ms, answered_ms, "
+            "fmt, final) VALUES (?, ?, ?, ?, 0, 1, 'json', ?)",
+            (json.dumps(list(odd)), TOPIC, b"{}", "{}", b'{"ok": true}'),
+        )
+    journal = Journal(path)
+    assert journal.lookup(odd) == Answer("json", b'{"ok": true}')
+    journal.record((*odd[:2], "r2"), _inbound("r2"))
+    [pending] = journal.restart()
+    assert pending.key == (*odd[:2], "r2")
+
+
 def test_pruning_bounds_the_answered_by_age_and_count_and_keeps_the_pending(
     tmp_path: Path,
 ) -> None:

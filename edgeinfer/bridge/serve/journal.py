@@ -12,8 +12,11 @@ WAL, so a recorded row survives ``kill -9`` and a power cut alike. A commit that
 answers runs at ``NORMAL`` (no fsync of its own): it survives ``kill -9``, and the next
 recording commit's fsync makes it durable with it; a power cut in between may lose the marks,
 and then those requests run again at the next start (answered at least once, never lost).
-``commit`` writes several rows and answers in one transaction (one fsync for all: the
-delivery's group commit). A commit appends one WAL frame per page changed; SQLite rather than
+The two kinds go through two writing connections, one per setting (switching one connection's
+setting was two more statements a request); the lock that serializes them keeps them from
+waiting on each other. ``commit`` writes several rows and answers in one transaction (one
+fsync for all: the delivery's group commit); a lone row or mark is one statement, its own
+transaction. A commit appends one WAL frame per page changed; SQLite rather than
 an append-only file of our own because it also gives the lookups, the pruning and crash-safe
 compaction (checkpoints) without code of ours. Lookups read through a second connection, so a
 reader never waits for a writer's fsync (WAL readers see the last commit). ``durable=False``
@@ -51,6 +54,15 @@ CREATE TABLE IF NOT EXISTS requests (
 CREATE INDEX IF NOT EXISTS answered ON requests (answered_ms) WHERE answered_ms IS NOT NULL;
 """
 _LENGTH = struct.Struct(">I")
+_json_string = json.encoder.encode_basestring_ascii  # a str as JSON text, ASCII-only
+_RECORD = (
+    "INSERT OR REPLACE INTO requests (key, topic, payload, properties, received_ms) "
+    "VALUES (?, ?, ?, ?, ?)"
+)
+_MARK = (
+    "UPDATE requests SET answered_ms = ?, fmt = ?, final = ?, chunks = ? "
+    "WHERE key = ? AND answered_ms IS NULL"
+)
 
 
 @dataclass(frozen=True)
@@ -143,7 +155,9 @@ class Pending:
 
 
 def _key_text(key: Sequence[str]) -> str:
-    return json.dumps(list(key))
+    """``json.dumps(list(key))``, its strings written by json's own C escaper: without the
+    encoder json.dumps builds at each call (three keys a request)."""
+    return "[" + ", ".join(map(_json_string, key)) + "]"
 
 
 def _pack(chunks: Iterable[bytes]) -> bytes:
@@ -178,26 +192,24 @@ class Journal:
         self.durable = durable
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db = self._connect("FULL" if durable else "NORMAL")  # records (and the rest)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(_SCHEMA)
+            self._marks = self._connect("NORMAL")  # commits that only mark answers
             self._reads = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-            self._synchronous = ""
-            self._sync(full=True)
         except (OSError, sqlite3.Error) as exc:
             raise ConfigError(
                 f"cannot open the bridge's request journal {path}: {exc}; give a writable "
                 "folder (BridgeConfig.journal_dir), or move the broken file away"
             ) from exc
-        self._lock = threading.Lock()  # the writing connection
+        self._lock = threading.Lock()  # the writing connections
         self._read_lock = threading.Lock()  # the reading one
 
-    def _sync(self, *, full: bool) -> None:
-        """The writing connection's fsync mode for its next commits (FULL: fsync each)."""
-        mode = "FULL" if full and self.durable else "NORMAL"
-        if mode != self._synchronous:
-            self._db.execute(f"PRAGMA synchronous={mode}")
-            self._synchronous = mode
+    def _connect(self, synchronous: str) -> sqlite3.Connection:
+        """A writing connection whose commits fsync (``FULL``) or not (``NORMAL``)."""
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        db.execute(f"PRAGMA synchronous={synchronous}")
+        return db
 
     def lookup(self, key: Sequence[str]) -> Answer | bool | None:
         """``key``'s final reply when answered, True while it is pending, ``None`` if unknown."""
@@ -246,29 +258,25 @@ class Journal:
             for k, i in records
         ]
         marks = [(now_ms, a.fmt, a.final, _pack(a.chunks), _key_text(k)) for k, a in answers]
+        db = self._db if rows else self._marks
         with self._lock:
-            self._sync(full=bool(rows))
-            self._db.execute("BEGIN IMMEDIATE")
+            if len(rows) + len(marks) == 1:  # one statement: its own transaction
+                db.execute(*((_RECORD, rows[0]) if rows else (_MARK, marks[0])))
+                return
+            db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.executemany(
-                    "INSERT OR REPLACE INTO requests (key, topic, payload, properties, "
-                    "received_ms) VALUES (?, ?, ?, ?, ?)",
-                    rows,
-                )
-                self._db.executemany(
-                    "UPDATE requests SET answered_ms = ?, fmt = ?, final = ?, chunks = ? "
-                    "WHERE key = ? AND answered_ms IS NULL",
-                    marks,
-                )
+                if rows:
+                    db.executemany(_RECORD, rows)
+                if marks:
+                    db.executemany(_MARK, marks)
             except BaseException:
-                self._db.execute("ROLLBACK")
+                db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
+            db.execute("COMMIT")
 
     def restart(self) -> list[Pending]:
         """Every pending request, oldest first, each counted as re-run once more (one commit)."""
-        with self._lock:
-            self._sync(full=True)  # the count must hold: it is what stops a crash loop
+        with self._lock:  # on the FULL connection: the count must hold (it stops a crash loop)
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.execute(
@@ -290,8 +298,8 @@ class Journal:
     def prune(self, *, before_ms: float, keep: int) -> int:
         """Forget answered requests answered before ``before_ms``, and all but the ``keep``
         most recent answered ones; returns how many went. Pending ones always stay."""
-        with self._lock:
-            cursor = self._db.execute(
+        with self._lock:  # no fsync of its own: rows a power cut brings back are pruned again
+            cursor = self._marks.execute(
                 "DELETE FROM requests WHERE answered_ms IS NOT NULL AND (answered_ms < ? OR "
                 "key IN (SELECT key FROM requests WHERE answered_ms IS NOT NULL "
                 "ORDER BY answered_ms DESC LIMIT -1 OFFSET ?))",
@@ -311,4 +319,5 @@ class Journal:
         """Close the file (a later call of any method raises ``sqlite3.ProgrammingError``)."""
         with self._lock, self._read_lock:
             self._reads.close()
+            self._marks.close()
             self._db.close()
