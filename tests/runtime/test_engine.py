@@ -248,11 +248,8 @@ def test_prefill_in_chunks_gives_the_same_tokens(tiny: Generator, fast_decoder: 
         gen.close()
 
 
-def test_a_prompt_runs_whole_when_no_other_sequence_decodes(
-    fast_decoder: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Nobody waits between two tokens: the newcomer's prompt is one run, not chunks (each
-    run reads every weight once)."""
+def _fills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The tokens of every prompt run (``Runs.forward``) from now on, in order."""
     fills: list[int] = []
     real_forward = Runs.forward
 
@@ -261,13 +258,41 @@ def test_a_prompt_runs_whole_when_no_other_sequence_decodes(
         return real_forward(self, row, ids, start, **kw)
 
     monkeypatch.setattr(Runs, "forward", forward)
+    return fills
+
+
+def test_a_prompt_runs_whole_when_no_other_sequence_decodes(
+    fast_decoder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nobody waits between two tokens: the newcomer's prompt, up to ``lone_prefill_tokens``,
+    is one run, not chunks (each run reads every weight once)."""
+    fills = _fills(monkeypatch)
+    long = " ".join(PROMPTS)
     gen = _batched(fast_decoder, max_sequences=2, prefill_chunk_tokens=3)
     try:
-        long = " ".join(PROMPTS)
+        assert len(gen.encode(long)) <= ContinuousBatchConfig().lone_prefill_tokens
         gen.generate(long, max_new_tokens=2)
     finally:
         gen.close()
     assert fills == [len(gen.encode(long))]
+
+
+def test_a_lone_prompt_longer_than_the_cap_runs_in_runs_of_the_cap(
+    tiny: Generator, fast_decoder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Alone, a prompt runs ``lone_prefill_tokens`` at a time (attention's transient memory
+    stays bounded by it), ending at its multiples, and gives the tokens of one run whole."""
+    long = " ".join(PROMPTS)
+    whole = tiny.generate(long, max_new_tokens=12).token_ids
+    fills = _fills(monkeypatch)
+    gen = _batched(fast_decoder, max_sequences=2, prefill_chunk_tokens=3, lone_prefill_tokens=5)
+    try:
+        assert gen.generate(long, max_new_tokens=12).token_ids == whole
+    finally:
+        gen.close()
+    size = len(gen.encode(long))
+    assert size > 10  # three runs at least
+    assert fills == [5] * (size // 5) + ([size % 5] if size % 5 else [])
 
 
 def test_continuous_batching_refuses_what_keeps_one_sequences_cache(

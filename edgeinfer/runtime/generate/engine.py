@@ -13,8 +13,9 @@ row in a ``SlotCache``. The thread loops:
    from where they end) or the prefix store holds (a chat's system prompt, from disk);
 2. run one chunk (``prefill_chunk_tokens``) of the newcomer's prompt on its row alone, so the
    others wait at most one chunk between two tokens, never a whole long prompt; with none
-   decoding, the rest at once (none waits; each run reads every weight). Logits and keys/values
-   are the same bits however a prompt is grouped into runs (``export/decoder/graph.py``);
+   decoding, up to ``lone_prefill_tokens`` (none waits; each run reads every weight, and
+   attention's transient memory grows with a run's tokens). Logits and keys/values are the
+   same bits however a prompt is grouped into runs (``export/decoder/graph.py``);
 3. run one decode step of every admitted sequence at once: a batch of one token per sequence,
    each with its own position and mask row; greedy rows read the graph's argmax, sampled rows
    their logits through their own sampler;
@@ -102,6 +103,7 @@ class Engine:
         budget = config.kv_budget_bytes
         self.kv_budget_positions = None if budget is None else budget // self.slots.bytes_per_token
         self.prefill_chunk = config.prefill_chunk_tokens
+        self.lone_prefill = config.lone_prefill_tokens
         # One slot: a finished sequence's keys/values stay for the next prompt that starts the
         # same, and greedy requests may draft (prompt lookup). Several: an idle slot costs
         # nothing, and a batched step takes one token per sequence.
@@ -280,12 +282,7 @@ class Engine:
     def _begin(self, seq: Sequence, row: int) -> int:
         """Where ``seq``'s prompt starts running on ``row``: after what the row kept or the
         prefix store holds of it (never its last token: its logits are needed)."""
-        kept = self.slots.take(row)
-        reuse = 0
-        for held, new in zip(kept, seq.ids[:-1], strict=False):
-            if held != new:
-                break
-            reuse += 1
+        reuse = self.slots.take(row, seq.ids[:-1])
         prefix = seq.ids[: seq.keep_prefix]
         if self._store is not None and prefix and reuse < len(prefix):
             kv = self._store.load(prefix)
@@ -309,10 +306,11 @@ class Engine:
             seq.end()
             return
         start = self._begin(seq, row) if self._filled is None else self._filled
-        # None decodes, none waits: the rest at once (a run's fixed cost, reading every weight, is
-        # ~6 prompt tokens' compute: benchmarks/step_cost.py); else chunks end at its multiples.
-        chunk_end = (start // self.prefill_chunk + 1) * self.prefill_chunk
-        end = min(len(seq.ids), chunk_end) if self._decoding else len(seq.ids)
+        # None decodes, none waits: long runs (a run's fixed cost, reading every weight, is ~6
+        # prompt tokens' compute: benchmarks/step_cost.py), bounded for attention's transient
+        # memory; runs end at multiples of their size.
+        step = self.prefill_chunk if self._decoding else self.lone_prefill
+        end = min(len(seq.ids), (start // step + 1) * step)
         logits = self._runs.forward(row, seq.ids[start:end], start, rows=1, output="logits")
         self._filled = end
         if end < len(seq.ids):

@@ -20,6 +20,7 @@ does; attention's work grows with ``C``, so it starts small.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -126,11 +127,14 @@ class SlotCache:
         self.open(target, 0)
         self.open(target, used)
 
-    def take(self, row: int) -> list[int]:
-        """The ids whose keys/values ``row`` kept at its release (a new sequence starts on it:
-        it reuses what it shares with them and overwrites the rest)."""
+    def take(self, row: int, ids: Sequence[int] = ()) -> int:
+        """Forget the ids whose keys/values ``row`` kept at its release; how many first ids of
+        ``ids`` they were (a new sequence starts on it: it reuses those, overwrites the rest)."""
         kept, self._kept[row] = self._kept[row], []
-        return kept
+        pairs = zip(kept, ids, strict=False)
+        return next(
+            (i for i, (held, new) in enumerate(pairs) if held != new), min(len(kept), len(ids))
+        )
 
     def write(self, row: int, kv: np.ndarray) -> None:
         """Put ``kv`` [2 * layers, H_kv, n, D] (``read``'s layout) into positions 0..n-1 of
